@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, Field, SecretStr
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 from tenacity.stop import stop_base
@@ -342,6 +343,20 @@ class ModelClient:
             kwargs["extra_body"] = extra
         return kwargs
 
+    def _post(self, kwargs: dict[str, Any]) -> Any:
+        """POST /chat/completions through the SDK client (auth, timeouts, typed errors).
+
+        Not `chat.completions.create`: its request "transform" walks every message of the
+        conversation on every call, which cost ~45% of an episode's Python CPU at 10 turns
+        (quadratic in the conversation). Our messages are already plain JSON.
+        """
+        body = {k: v for k, v in kwargs.items() if k not in ("extra_body", "timeout")}
+        body.update(kwargs.get("extra_body") or {})
+        options: dict[str, Any] = {}
+        if "timeout" in kwargs:
+            options["timeout"] = kwargs["timeout"]
+        return self._client.post("/chat/completions", body=body, cast_to=ChatCompletion, options=options)  # type: ignore[call-overload]
+
     def scrub(self, text: str) -> str:
         """`text` without the API key (a server may echo it in an error message)."""
         key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else ""
@@ -384,7 +399,7 @@ class ModelClient:
             if deadline is not None:
                 kwargs["timeout"] = max(0.5, min(deadline - time.monotonic(), self.cfg.request_timeout_s))
             t0 = time.perf_counter()
-            resp = self._client.chat.completions.create(**kwargs)
+            resp = self._post(kwargs)
             if isinstance(resp, (str, bytes)) or not hasattr(resp, "choices"):
                 raise _BadBody(f"the server's reply is not a chat completion: {str(resp)[:120]!r}")
             return _parse_reply(resp, time.perf_counter() - t0)
