@@ -26,6 +26,7 @@ Ends with ONE JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -121,6 +122,23 @@ def install_peer_task(venv: Path, tasks: list[dict[str, Any]], workdir: Path) ->
     shutil.copy(demo / "reward.py", ours / "reward.py")
 
 
+def _peer_containers() -> set[str]:
+    import docker
+
+    name = PEER_IMAGE.replace("/", "-").replace(":", "-")
+    return {c.id for c in docker.from_env().containers.list(all=True, filters={"name": name}, ignore_removed=True)}
+
+
+def _remove_peer_leftovers(before: set[str]) -> None:
+    """The peer leaves containers behind when one fails to start: remove those it made."""
+    import docker
+
+    client = docker.from_env()
+    for cid in _peer_containers() - before:
+        with contextlib.suppress(docker.errors.NotFound):
+            client.containers.get(cid).remove(force=True)
+
+
 def run_peer(exe: Path, url: str, workers: int, turns: int, workdir: Path) -> float:
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", OPENAI_API_KEY="sk-none")
     cmd = [
@@ -129,7 +147,11 @@ def run_peer(exe: Path, url: str, workers: int, turns: int, workdir: Path) -> fl
         "--output_dir", str(workdir / "peer_out"), "--temperature", "0.0",
     ]  # fmt: skip
     log("peer: " + " ".join(cmd[1:]))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    before = _peer_containers()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    finally:
+        _remove_peer_leftovers(before)
     results = sorted((workdir / "peer_out").glob("*/results.json"))
     if proc.returncode != 0 or not results:
         raise RuntimeError(f"the peer failed (exit {proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
@@ -163,7 +185,8 @@ def run_sandflow(
 
     from flows.run import run_flow
 
-    return run_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=workers))(  # type: ignore[no-any-return]
+    runner: Any = ThreadPoolTaskRunner(max_workers=workers)
+    return run_flow.with_options(task_runner=runner)(
         task_set=str(taskset),
         model="scripted",
         base_url=url,

@@ -28,7 +28,7 @@ def _corpus(n: int, chars: int, seed: int = 0) -> list[dict]:
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi"]
     rows = []
     for i in range(n):
-        paras = []
+        paras: list[str] = []
         total = 0
         while total < chars:
             p = " ".join(rng.choice(words) for _ in range(rng.randint(40, 120))) + "."

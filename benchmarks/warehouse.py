@@ -131,7 +131,7 @@ def build_episode(corpus: str, k: int, turns: int, turn_bytes: int):
         episode_id=eid,
         task_id=task_id,
         domain=domain,
-        mode=mode,  # type: ignore[arg-type]
+        mode=mode,
         model="bench-model",
         started_at=t0,
         ended_at=t0 + timedelta(seconds=turns * 3),

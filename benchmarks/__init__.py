@@ -1,0 +1,1 @@
+"""Benchmark scripts (run each as a script: see benchmarks/README.md)."""
