@@ -29,6 +29,9 @@ class RunData:
     episodes: list[EpisodeRecord] = field(default_factory=list)
     turns: dict[str, list[TurnRecord]] = field(default_factory=dict)  # episode_id -> turns
     scores: dict[str, Score] = field(default_factory=dict)  # episode_id -> score
+    # episode_id -> write_id of its current recording attempt (scores name the one they scored)
+    attempts: dict[str, str] = field(default_factory=dict)
+    skipped_files: list[str] = field(default_factory=list)  # bad files left out, with reasons
 
     @classmethod
     def from_records(

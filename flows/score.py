@@ -4,6 +4,11 @@ Scoring reads the recorded answers; it never re-runs an episode. Run it again wi
 another verifier (`--verifier rouge`) and the new scores are stored beside the old
 ones under their own verifier name; readers pick the latest batch per verifier.
 Infrastructure failures are not scored (they are not the model's answer).
+
+Each score names the recording attempt it judged (`episode_write_id`). An episode
+recorded again after scoring (a resumed run re-ran it) has a stale score: readers leave
+it out (the `scores` view; `stale_scores` lists them) rather than show a verdict on an
+answer that no longer exists, and running this flow again scores every current attempt.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ def score_episodes(data: Any, tasks: dict[str, Any], verifier: str | None) -> tu
                 "answer": e.answer,
                 "ground_truth": task.ground_truth,
                 "details": res.get("details") or {},
+                "episode_write_id": data.attempts.get(e.episode_id),
             }
         )
     return rows, problems
@@ -73,13 +79,12 @@ def score_flow(
 ) -> dict[str, Any]:
     """Score run `run_id` (verifier: the task's own unless named)."""
     from flows.store import load_run
-    from warehouse.labels import write_scores
-    from warehouse.layout import Layout
+    from warehouse.store import Warehouse
 
     data = load_run(warehouse, run_id, with_turns=False)
     ts = resolve_taskset(_task_set_of(warehouse, run_id, task_set))
     rows, problems = score_episodes(data, task_index(ts), verifier)
-    path = write_scores(Layout(warehouse), rows)
+    path = Warehouse(warehouse).write_scores(rows)
     mean = sum(r["score"] for r in rows) / len(rows) if rows else None
     summary = {
         "run_id": run_id,
@@ -87,6 +92,7 @@ def score_flow(
         "mean_score": mean,
         "verifier": verifier or "task default",
         "problems": problems[:20],
+        "skipped_files": data.skipped_files[:20],
         "file": str(path) if path else None,
     }
     artifacts.table(

@@ -1,22 +1,24 @@
 """The flows' window on the warehouse: what is done, and one run's records.
 
-A thin adapter over `warehouse` (its Layout, schema and writers): it lists the
-visible files of a run with `Layout.partition_files` (compaction-safe) and reads
-them with pyarrow, applying the warehouse's rule "the latest recording attempt of
-an episode wins; its turns are those of that attempt (write_id)". Resume, scoring,
-usage, tokens, rollouts and the report all read through here, so they agree on
-which episodes exist.
+A thin adapter over `warehouse.Warehouse`'s query layer: every read goes through the
+warehouse's views (one DuckDB session, one consistent snapshot), so resume, scoring,
+usage, tokens, rollouts and the report get the warehouse's guarantees for free:
+
+- the latest recording attempt of an episode wins, and its turns are that attempt's,
+  across per-episode files and compacted files alike;
+- a bad file (truncated, foreign, corrupt) is left out with a warning naming it, and the
+  rest of the run stays readable (`RunData.skipped_files` lists what was left out);
+- scores are the newest batch per (episode, verifier), and a score of an attempt that
+  has since been re-recorded is stale: the `scores` view leaves it out (`stale_scores`
+  lists it), so a re-recorded episode reads as unscored until the score flow runs again.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import logging
 from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from flows.rundata import RunData, Score
 from tasks.records import (
@@ -27,6 +29,8 @@ from tasks.records import (
     TurnRecord,
     Usage,
 )
+
+log = logging.getLogger(__name__)
 
 
 class StoreError(RuntimeError):
@@ -39,30 +43,41 @@ def _layout(root: Path | str) -> Any:
     return Layout(root)
 
 
-def _read(files: Iterable[Path], columns: list[str] | None = None) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for f in files:
-        try:
-            table = pq.read_table(f, columns=columns) if columns else pq.read_table(f)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise StoreError(f"{f}: unreadable Parquet file ({exc}); `sandflow warehouse check` can quarantine it") from exc
-        rows.extend(table.to_pylist())
-    return rows
+def _session(root: Path | str, run_id: str, tables: tuple[str, ...]) -> Any:
+    """A query session on one run's files; user-facing errors become StoreError."""
+    from warehouse.query import WarehouseError, WarehouseQuery
+
+    try:
+        return WarehouseQuery(root, run_id=run_id, tables=tables)
+    except WarehouseError as exc:
+        raise StoreError(str(exc)) from None
+    except ValueError as exc:  # an invalid run id (it names it)
+        raise StoreError(str(exc)) from None
 
 
-def _latest(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """episode_id -> the row of its latest recording attempt (write ids sort by time)."""
-    out: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        cur = out.get(r["episode_id"])
-        if cur is None or str(r["write_id"]) > str(cur["write_id"]):
-            out[r["episode_id"]] = r
+def _rows(q: Any, sql: str) -> list[dict[str, Any]]:
+    from warehouse.query import WarehouseError
+
+    try:
+        table = q.arrow(sql)
+    except WarehouseError as exc:
+        raise StoreError(f"reading run {q.run_id!r} failed: {exc}") from None
+    out: list[dict[str, Any]] = []
+    for batch in table.to_batches():  # batch by batch: no second full copy of the run
+        out.extend(batch.to_pylist())
     return out
 
 
+def _skipped(q: Any) -> list[str]:
+    return [str(b) for b in q.snapshot.bad]
+
+
 def episode_rows(root: Path | str, run_id: str) -> dict[str, dict[str, Any]]:
-    layout = _layout(root)
-    return _latest(_read(layout.partition_files("episodes", run_id)))
+    """episode_id -> the row of its current (latest) recording attempt."""
+    if not Path(root).is_dir():
+        return {}
+    with _session(root, run_id, ("episodes",)) as q:
+        return {r["episode_id"]: r for r in _rows(q, "SELECT * FROM episodes")}
 
 
 def done_keys(root: Path | str, run_id: str) -> set[str]:
@@ -70,10 +85,11 @@ def done_keys(root: Path | str, run_id: str) -> set[str]:
 
     Infrastructure failures and interrupted episodes are NOT done: resume re-runs them.
     """
-    layout = _layout(root)
-    files = layout.partition_files("episodes", run_id)
-    rows = _latest(_read(files, ["episode_id", "write_id", "termination"]))
-    return {k for k, r in rows.items() if r["termination"] and r["termination"] not in INFRA_TERMINATIONS}
+    if not Path(root).is_dir():
+        return set()
+    with _session(root, run_id, ("episodes",)) as q:
+        rows = q.rows("SELECT episode_id, termination FROM episodes")
+    return {eid for eid, term in rows if term and term not in INFRA_TERMINATIONS}
 
 
 def run_ids(root: Path | str) -> list[str]:
@@ -112,6 +128,8 @@ def _episode(r: dict[str, Any]) -> EpisodeRecord:
         model_s=r["model_s"] or 0.0,
         tool_s=r["tool_s"] or 0.0,
         config=_loads(r.get("config"), {}),
+        reasoning_tokens=r.get("reasoning_tokens") or 0,
+        answer_source=r.get("answer_source"),
     )
 
 
@@ -142,11 +160,17 @@ def _turn(r: dict[str, Any]) -> TurnRecord:
         completion_token_ids=r["completion_token_ids"],
         completion_logprobs=r["completion_logprobs"],
         error=r["error"],
+        request_max_tokens=r.get("request_max_tokens"),
+        attempts=r.get("attempts") or 1,
     )
 
 
 def score_rows(root: Path | str, run_id: str) -> list[dict[str, Any]]:
-    return _read(_layout(root).partition_files("scores", run_id))
+    """The run's current scores: newest batch per (episode, verifier), stale ones left out."""
+    if not Path(root).is_dir():
+        return []
+    with _session(root, run_id, ("episodes", "scores")) as q:
+        return _rows(q, "SELECT * FROM scores")
 
 
 def latest_scores(rows: list[dict[str, Any]], verifier: str | None = None) -> dict[str, Score]:
@@ -167,22 +191,31 @@ def latest_scores(rows: list[dict[str, Any]], verifier: str | None = None) -> di
 
 
 def load_run(root: Path | str, run_id: str, *, verifier: str | None = None, with_turns: bool = True) -> RunData:
-    """One run's latest episodes, their turns, and their latest scores."""
-    layout = _layout(root)
+    """One run's latest episodes, their turns, and their current scores (one snapshot)."""
     if not Path(root).exists():
         raise StoreError(f"warehouse root {root} does not exist (set --warehouse or SANDFLOW_WAREHOUSE)")
-    eps = episode_rows(root, run_id)
-    if not eps:
-        known = ", ".join(run_ids(root)[-5:]) or "none"
-        raise StoreError(f"run {run_id!r} has no episodes in warehouse {root} (recent runs: {known})")
-    data = RunData(run_id=run_id, episodes=[_episode(r) for r in eps.values()])
-    data.episodes.sort(key=lambda e: (e.domain, e.task_id, e.mode, e.sample_index))
-    if with_turns:
-        wanted = {(k, r["write_id"]) for k, r in eps.items()}
-        for r in _read(layout.partition_files("turns", run_id)):
-            if (r["episode_id"], r["write_id"]) in wanted:
+    tables = ("episodes", "turns", "scores") if with_turns else ("episodes", "scores")
+    with _session(root, run_id, tables) as q:
+        eps = _rows(q, "SELECT * FROM episodes")
+        if not eps:
+            known = ", ".join(run_ids(root)[-5:]) or "none"
+            raise StoreError(f"run {run_id!r} has no episodes in warehouse {root} (recent runs: {known})")
+        data = RunData(
+            run_id=run_id,
+            episodes=[_episode(r) for r in eps],
+            attempts={r["episode_id"]: r["write_id"] for r in eps},
+            skipped_files=_skipped(q),
+        )
+        data.episodes.sort(key=lambda e: (e.domain, e.task_id, e.mode, e.sample_index))
+        if with_turns:
+            for r in _rows(q, "SELECT * FROM turns ORDER BY episode_id, turn_index"):
                 data.turns.setdefault(r["episode_id"], []).append(_turn(r))
-        for lst in data.turns.values():
-            lst.sort(key=lambda t: t.turn_index)
-    data.scores = latest_scores(score_rows(root, run_id), verifier)
+        data.scores = latest_scores(_rows(q, "SELECT * FROM scores"), verifier)
+    if data.skipped_files:
+        log.warning(
+            "run %s: %d bad file(s) left out: %s",
+            run_id,
+            len(data.skipped_files),
+            "; ".join(data.skipped_files[:5]),
+        )
     return data

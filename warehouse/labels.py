@@ -4,6 +4,12 @@ Each `write_scores` / `write_usage` call writes one batch file (atomically). Re-
 idempotent at read time: for each (episode_id, verifier) the views keep only the rows of
 the newest batch, and for each (episode_id, labeler) the newest usage batch, so a re-run
 of a verifier or a labeler replaces its earlier answer, even if it now emits fewer rows.
+
+A score names the recording attempt it judged (`episode_write_id`, the episode row's
+write_id). When the episode is recorded again (a resumed run re-running it), the old score
+judged an answer that no longer exists: the `scores` view leaves it out (`stale_scores`
+shows it) until the episode is scored again. Rows without an attempt (older files, callers
+that do not know it) are stale when scored before the episode's current row was written.
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ class ScoreRow(BaseModel):
     answer: str | None = None
     ground_truth: Any = None
     details: dict[str, Any] = Field(default_factory=dict)
+    episode_write_id: str | None = Field(
+        None,
+        description="write_id of the episode attempt scored; None: judged by scored_at instead",
+    )
 
 
 class UsageRow(BaseModel):
@@ -104,6 +114,7 @@ def write_scores(
                 "details": dumps(scrub(r.details)) if r.details else None,
                 "batch_id": batch_id,
                 "scored_at": ts,
+                "episode_write_id": r.episode_write_id,
             }
             for r in items
         ],

@@ -120,6 +120,14 @@ def projected_source(table: str, files: list[FileInfo]) -> str:
 # runs/.../run.parquet): the views read them at snapshot time, not lazily at query time.
 PINNED = ("runs", "episodes")
 
+# A score `s` is stale when episode `e`'s current attempt is not the one it judged: it
+# names another write_id, or (rows without one: older files) it predates the episode row.
+_STALE_SCORE = """
+    e.run_id = s.run_id AND e.episode_id = s.episode_id AND CASE
+        WHEN s.episode_write_id IS NOT NULL THEN s.episode_write_id <> e.write_id
+        ELSE coalesce(s.scored_at < e.written_at, false) END
+"""
+
 READY_VIEWS: dict[str, str] = {
     "episodes": """
         SELECT * FROM _raw_episodes
@@ -128,9 +136,19 @@ READY_VIEWS: dict[str, str] = {
     """,
     # "turns" (the current attempts' turns) is built per file: _create_current_turns.
     "turns": "",
-    "scores": """
+    # Newest batch per (episode, verifier), minus stale scores: those of an attempt the
+    # episode has since been re-recorded over (see _STALE_SCORE).
+    "_scores_newest": """
         SELECT * FROM _raw_scores
         QUALIFY batch_id = max(batch_id) OVER (PARTITION BY run_id, episode_id, verifier)
+    """,
+    "scores": f"""
+        SELECT s.* FROM _scores_newest s
+        WHERE NOT EXISTS (SELECT 1 FROM episodes e WHERE {_STALE_SCORE})
+    """,
+    "stale_scores": f"""
+        SELECT s.*, e.write_id AS current_write_id, e.written_at AS rerecorded_at
+        FROM _scores_newest s JOIN episodes e ON {_STALE_SCORE}
     """,
     "usage": """
         SELECT * FROM _raw_usage
@@ -261,7 +279,8 @@ VIEW_HELP: dict[str, str] = {
     "runs": "one row per run: model, image, dataset hash, config (no secrets), started/ended",
     "episodes": "one row per episode (latest attempt): task, domain, mode, termination, totals",
     "turns": "one row per turn of the current attempts: messages, tool calls, observations, usage",
-    "scores": "verifier scores (newest batch per episode x verifier)",
+    "scores": "verifier scores (newest batch per episode x verifier; stale ones left out)",
+    "stale_scores": "scores of an attempt since re-recorded (re-run the score flow to replace them)",
     "usage": "capability labels per tool call (newest batch per episode x labeler)",
     "partial_turns": "turns still in journals (live / orphaned / recovered episodes)",
     "tool_calls": "one row per tool call with its observation: command, exit code, time-out, duration",

@@ -160,6 +160,9 @@ SCORES = pa.schema(
         pa.field("details", pa.string()),  # JSON
         pa.field("batch_id", pa.string(), nullable=False),
         pa.field("scored_at", _TS),
+        # The episode's write_id (recording attempt) this score judged: a score of an
+        # attempt since re-recorded is stale and left out of the `scores` view.
+        pa.field("episode_write_id", pa.string()),
     ]
 )
 

@@ -121,7 +121,9 @@ def test_readers_never_see_a_half_state_during_compaction(tmp_path: Path) -> Non
     assert not errors, errors[:3]
     for s in seen:
         eps, turns, scores = s  # type: ignore[misc]
-        assert len(eps) == 30 and len(scores) == 30
+        # t0 re-recorded (answer v<i>) after it was scored: its score is stale, left out
+        rerecorded = sum(1 for e in eps if str(e[1]).startswith("v"))
+        assert len(eps) == 30 and len(scores) == 30 - rerecorded
         ids = {e[0] for e in eps}
         n_turns = {e[0]: e[2] for e in eps}
         got: dict[str, int] = {}
