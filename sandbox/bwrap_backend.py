@@ -1,10 +1,15 @@
 """The bubblewrap backend: no daemon, the same root filesystem, the same helper as PID 1.
 
 For clusters where Docker is not allowed. `bwrap` builds fresh namespaces (pid, ipc,
-uts, net unless the policy shares it, mount) over the image's root filesystem mounted
+uts, net unless the policy is "host", mount) over the image's root filesystem mounted
 read-only (sandbox.image.rootfs_path()), with sized tmpfs mounts for /testbed, /tmp and
 /home/sandbox, and runs the helper as the sandbox's PID 1 (`--as-pid-1`). The helper's
 stdin/stdout are our pipes; `--die-with-parent` ends the sandbox with this process.
+
+Network: "none" is an empty namespace (its own loopback only); "bridge" is an own
+namespace too, with user-mode NAT by slirp4netns (sandbox.bwrap_net): outbound traffic
+works, the host's 127.0.0.1 services and other sandboxes do not answer; "host" shares
+the host's network namespace (everything on the host's loopback answers: opt-in only).
 
 Identity: as root, the sandbox drops to uid 1000 with `setpriv` (no capabilities, empty
 bounding set, no_new_privs); as a normal user, an unprivileged user namespace maps the
@@ -29,6 +34,7 @@ from pathlib import Path
 
 from sandbox import registry
 from sandbox.base import SandboxConfig, SandboxError
+from sandbox.bwrap_net import RESOLV_CONF, UserNat, read_child_pid, slirp_available
 from sandbox.common import HOME, HelperSandbox
 from sandbox.gc import write_bwrap_state
 from sandbox.labels import make_labels
@@ -166,7 +172,7 @@ class BwrapSandbox(HelperSandbox):
 
     def __init__(self, config: SandboxConfig) -> None:
         super().__init__(config)
-        why = bwrap_available()
+        why = bwrap_available() or (slirp_available() if config.limits.network == "bridge" else None)
         if why:
             raise SandboxError(why)
         self.rootfs = _rootfs_for(config.image)
@@ -180,6 +186,7 @@ class BwrapSandbox(HelperSandbox):
         self.labels = make_labels(config, self.backend)
         self.cgroups: Cgroups | None = Cgroups(self.id) if Cgroups.available() else None
         self.proc: subprocess.Popen[bytes] | None = None
+        self.nat: UserNat | None = None
         self.state_file: Path | None = None
         t0 = time.perf_counter()
         self._start()
@@ -189,13 +196,16 @@ class BwrapSandbox(HelperSandbox):
     def name(self) -> str:
         return f"bwrap-{self.id}"
 
-    def _argv(self) -> list[str]:
+    def _argv(self, info_fd: int | None = None, resolv_fd: int | None = None) -> list[str]:
+        """bwrap's command line; with "bridge", the fds for its pid report and resolv.conf."""
         lim = self.config.limits
         size = str(lim.tmp_size_mb << 20)
         argv = ["bwrap", "--die-with-parent", "--as-pid-1", "--new-session"]
         argv += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
-        if lim.network == "none":
+        if lim.network != "host":
             argv += ["--unshare-net"]
+        if info_fd is not None:
+            argv += ["--info-fd", str(info_fd)]
         root = os.geteuid() == 0
         if not root:
             argv += ["--unshare-user", "--uid", "1000", "--gid", "1000"]
@@ -203,7 +213,9 @@ class BwrapSandbox(HelperSandbox):
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
         for path in ("/tmp", self.config.workdir, HOME):
             argv += ["--perms", "1777", "--size", size, "--tmpfs", path]
-        if lim.network != "none" and Path("/etc/resolv.conf").exists():
+        if resolv_fd is not None:
+            argv += ["--perms", "0444", "--ro-bind-data", str(resolv_fd), "/etc/resolv.conf"]
+        elif lim.network == "host" and Path("/etc/resolv.conf").exists():
             argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
         argv += ["--clearenv", "--chdir", self.config.workdir]
         for k, v in self._environment().items():
@@ -236,7 +248,17 @@ class BwrapSandbox(HelperSandbox):
 
     def _start(self) -> None:
         lim = self.config.limits
-        argv = self._argv()
+        fds: list[int] = []  # ours to close once bwrap has them
+        info_r = -1
+        if lim.network == "bridge":
+            info_r, info_w = os.pipe()
+            resolv_r, resolv_w = os.pipe()
+            os.write(resolv_w, RESOLV_CONF)  # far below a pipe's buffer: bwrap reads it to EOF
+            os.close(resolv_w)
+            fds = [info_w, resolv_r]
+            argv = self._argv(info_w, resolv_r)
+        else:
+            argv = self._argv()
         if self.cgroups is not None:
             try:
                 self.cgroups.create(lim.memory_mb, lim.pids, lim.cpus)
@@ -255,13 +277,24 @@ class BwrapSandbox(HelperSandbox):
                 stderr=subprocess.PIPE,
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},  # never the host's environment
                 start_new_session=True,
+                pass_fds=fds,
             )
+            for fd in fds:
+                os.close(fd)
+            fds = []
             self.transport = PipeTransport(self.proc)
             cgroup_dirs = [str(d) for d in self.cgroups.dirs.values()] if self.cgroups else []
             self.state_file = write_bwrap_state(self.id, self.proc.pid, self.labels, cgroup_dirs)
+            if info_r >= 0:
+                # The network is up before the helper runs its first command (boot below).
+                self.nat = UserNat(read_child_pid(info_r, self.proc), self.name)
         except BaseException:
             self.kill()
             raise
+        finally:
+            for fd in [*fds, info_r]:
+                if fd >= 0:
+                    os.close(fd)
         self._boot(HelperClient(self.transport, self.name))
 
     def _destroy(self) -> None:
@@ -272,6 +305,8 @@ class BwrapSandbox(HelperSandbox):
             self.transport.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+        if self.nat is not None:
+            self.nat.close()
         if self.cgroups is not None:
             self.cgroups.remove()
         if self.state_file is not None:

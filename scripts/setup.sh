@@ -32,7 +32,7 @@ apt_install() {  # apt_install PKG... (only the missing ones)
 }
 
 # 1. System packages
-PKGS=(bubblewrap debootstrap)
+PKGS=(bubblewrap slirp4netns debootstrap)
 PKGS+=(python3.11-doc)  # datasets: Python docs as long-context documents
 [ $WITH_TEST = 1 ] && PKGS+=(chromium)
 apt_install "${PKGS[@]}"

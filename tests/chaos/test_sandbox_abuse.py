@@ -262,11 +262,22 @@ def host_service() -> Iterator[int]:
     srv.close()
 
 
-def _probe(port: int) -> str:
+def _probe(port: int, host: str = "127.0.0.1") -> str:
     return (
-        "python3 -c \"import socket\ntry:\n s=socket.create_connection(('127.0.0.1', "
+        f"python3 -c \"import socket\ntry:\n s=socket.create_connection(('{host}', "
         f"{port}), timeout=3); print('GOT', s.recv(64))\nexcept OSError as e: print('BLOCKED', e)\""
     )
+
+
+def _host_address() -> str | None:
+    """One of the host's own non-loopback IPv4 addresses (the route to the outside)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the source address
+            addr = str(s.getsockname()[0])
+        except OSError:
+            return None
+    return None if addr.startswith("127.") else addr
 
 
 def test_host_loopback_service_is_unreachable_under_network_none(
@@ -278,20 +289,7 @@ def test_host_loopback_service_is_unreachable_under_network_none(
     assert "BLOCKED" in text and "HOST-SECRET" not in text, text
 
 
-@pytest.mark.parametrize(
-    "net_backend",
-    [
-        "docker",
-        pytest.param(
-            "bwrap",
-            marks=pytest.mark.xfail(
-                reason="bwrap has no bridge network: policy 'bridge' shares the host's network "
-                "namespace, so services on the host's 127.0.0.1 are reachable",
-                strict=True,
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("net_backend", ["docker", "bwrap"])
 def test_host_loopback_service_is_unreachable_under_network_bridge(
     net_backend: str, host_service: int, tmp_path: Path, test_run_id: str, request: pytest.FixtureRequest
 ) -> None:
@@ -299,9 +297,65 @@ def test_host_loopback_service_is_unreachable_under_network_bridge(
     rid = f"{test_run_id}-abuse-net-bridge-{net_backend}"
     if net_backend == "docker":
         _skip_without_bridge(rid)
-    result = _abuse(net_backend, [_probe(host_service)], tmp_path, rid, network="bridge")
-    text = _observations(result)[0]
-    assert "HOST-SECRET" not in text, text
+    probes = [_probe(host_service)]
+    if net_backend == "bwrap":
+        probes.append(_probe(host_service, "10.0.2.2"))  # slirp's alias of the host's loopback
+    result = _abuse(net_backend, probes, tmp_path, rid, network="bridge")
+    for text in _observations(result)[: len(probes)]:
+        assert "HOST-SECRET" not in text and "BLOCKED" in text, text
+
+
+def test_bwrap_bridge_is_a_network_that_reaches_out_but_not_other_sandboxes(
+    sandbox_rootfs: Any, test_run_id: str
+) -> None:
+    """bwrap `bridge` (slirp4netns): a host service on a routable address answers, a peer's does not."""
+    from sandbox import SandboxConfig, SandboxLimits, open_sandbox
+
+    addr = _host_address()
+    if addr is None:
+        pytest.skip("NOT TRIED: this host has no non-loopback IPv4 address to reach")
+    public = socket.socket()
+    public.bind((addr, 0))
+    public.listen(4)
+    public.settimeout(10)
+    port = public.getsockname()[1]
+
+    def answer() -> None:
+        try:
+            conn, _ = public.accept()
+        except OSError:
+            return
+        with conn:
+            conn.sendall(b"HOST-PUBLIC\n")
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+
+    def cfg(ep: str) -> SandboxConfig:
+        return SandboxConfig(
+            backend="bwrap",
+            run_id=f"{test_run_id}-abuse-bridge-peer",
+            episode_id=ep,
+            limits=SandboxLimits(memory_mb=256, network="bridge"),
+        )
+
+    try:
+        with open_sandbox(cfg("a")) as a, open_sandbox(cfg("b")) as b:
+            out = b.exec(_probe(port, addr), timeout=20).stdout
+            assert "HOST-PUBLIC" in out, out  # a real network, not "none" under another name
+            a.exec(
+                "nohup python3 -c \"import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                "s.bind(('0.0.0.0', 18556)); s.listen(4)\nwhile True:\n c,_=s.accept(); c.sendall(b'PEER-SECRET'); c.close()\" "
+                "> /dev/null 2>&1 &"
+            )
+            assert "PEER-SECRET" in a.exec("sleep 1; " + _probe(18556)).stdout  # it does serve
+            for host in ("127.0.0.1", "10.0.2.100", "10.0.2.2", addr):
+                r = b.exec(_probe(18556, host), timeout=20)
+                assert "PEER-SECRET" not in r.stdout and "BLOCKED" in r.stdout, (host, r)
+    finally:
+        public.close()
+        t.join(timeout=5)
+    assert bwrap_sandboxes_of(f"{test_run_id}-abuse-bridge-peer") == []
 
 
 def _skip_without_bridge(run_id: str) -> None:
