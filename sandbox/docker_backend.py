@@ -6,25 +6,26 @@ container's own stdin/stdout (no `docker exec` per command, no second process). 
 StdinOnce + AutoRemove, the container removes itself when our connection drops, so even
 `kill -9` of this process leaves nothing behind.
 
-Filesystem: the image is mounted read-only; the writable places are bounded:
-  /testbed        a tmpfs-backed anonymous volume (sized; docker's archive API sees
-                  volumes, so put_archive/get_archive serve files here)
-  /tmp, /home/sandbox  sized tmpfs mounts (files there go through the helper, since the
-                  archive API cannot see tmpfs mounts)
+Filesystem: the image is mounted read-only; the writable places are sized tmpfs mounts
+(/testbed, /tmp, /home/sandbox). Files cross through the helper (docker's archive API
+cannot see tmpfs mounts); a per-sandbox volume would cost the engine a volume create and
+remove per sandbox for nothing.
+
+Network policy "none": the sandbox joins the namespace of a pooled holder container
+instead of getting a fresh one (sandbox/netns.py says why and how isolation holds).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
 from typing import Any
 
-from sandbox import janitor, registry
+from sandbox import netns, registry
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.common import HOME, HelperSandbox
 from sandbox.engine import docker_client, ensure_image
-from sandbox.labels import SANDBOX_ID, make_labels
+from sandbox.labels import make_labels
 from sandbox.protocol import BOOT_ARGV, HelperClient, TransportClosed
 
 STREAM_STDOUT = 1
@@ -89,6 +90,7 @@ class DockerSandbox(HelperSandbox):
         self.api = self.client.api
         self.image = config.image or _default_tag()
         self.container_id = ""
+        self._holder: netns.Holder | None = None
         self.labels = make_labels(config, self.backend)
         t0 = time.perf_counter()
         ensure_image(self.client, self.image)
@@ -99,34 +101,25 @@ class DockerSandbox(HelperSandbox):
     def name(self) -> str:
         return self.container_id[:12] or "(starting)"
 
-    def _host_config(self) -> Any:
-        from docker.types import DriverConfig, Mount
-
+    def _host_config(self, holder: netns.Holder | None) -> Any:
         lim = self.config.limits
         size = f"size={lim.tmp_size_mb}m"
         owned = f"{size},uid=1000,gid=1000,mode=0755"
         return self.api.create_host_config(
             auto_remove=True,
             read_only=True,
-            network_mode=lim.network,
+            network_mode=holder.network_mode if holder else lim.network,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             nano_cpus=int(lim.cpus * 1e9),
             mem_limit=f"{lim.memory_mb}m",
             memswap_limit=f"{lim.memory_mb}m",
             pids_limit=lim.pids,
-            tmpfs={"/tmp": f"{size},mode=1777,exec", HOME: f"{owned},exec"},
-            mounts=[
-                Mount(
-                    self.config.workdir,
-                    None,
-                    type="volume",
-                    labels=self.labels,  # so gc can find it if the engine leaves it behind
-                    driver_config=DriverConfig(
-                        "local", {"type": "tmpfs", "device": "tmpfs", "o": owned}
-                    ),
-                )
-            ],
+            tmpfs={
+                "/tmp": f"{size},mode=1777,exec",
+                HOME: f"{owned},exec",
+                self.config.workdir: f"{owned},exec",
+            },
         )
 
     def _environment(self) -> dict[str, str]:
@@ -141,34 +134,62 @@ class DockerSandbox(HelperSandbox):
         return env
 
     def _start(self) -> None:
+        """Create + attach + start; with a netns holder, a dead holder is replaced once."""
+        pool = netns.pool_for(self.api, self.image) if netns.enabled(self.config.limits.network) else None
+        for attempt in range(2):
+            self._holder = pool.acquire() if pool else None
+            try:
+                self._create_and_start()
+                break
+            except _HolderGone as e:
+                if attempt:
+                    raise SandboxError(
+                        f"cannot start sandbox: its network-namespace holder died twice ({e})"
+                    ) from None
+        self._boot(HelperClient(self.transport, self.name))
+
+    def _create_and_start(self) -> None:
         import docker.errors
 
+        holder = self._holder
         try:
             created = self.api.create_container(
                 self.image,
                 BOOT_ARGV,
                 user="1000:1000",
                 working_dir=self.config.workdir,
-                hostname="sandbox",
+                # the engine refuses a hostname with a container: network; the holder has it
+                hostname=None if holder else "sandbox",
                 environment=self._environment(),
                 labels=self.labels,
                 stdin_open=True,
                 detach=False,  # with stdin_open: StdinOnce, so our disconnect ends the container
-                host_config=self._host_config(),
+                host_config=self._host_config(holder),
             )
         except docker.errors.APIError as e:
+            if holder is not None and not holder.pool.alive(holder):
+                self._drop_holder(removed=False)
+                raise _HolderGone(str(e)) from None
+            self._drop_holder(removed=True)  # nothing was created: the holder is untouched
             raise SandboxError(
                 f"cannot create a sandbox container from {self.image}: {e}"
             ) from None
+        except BaseException:
+            self._drop_holder(removed=True)
+            raise
         self.container_id = created["Id"]
         registry.register(self)
         try:
             sock = self.api.attach_socket(
-                self.container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+                self.container_id, params={"stdin": 1, "stream": 1, "stdout": 1, "stderr": 1}
             )
             self.transport = AttachTransport(sock)
             self.api.start(self.container_id)
         except BaseException as e:
+            dead = isinstance(e, docker.errors.APIError) and holder is not None
+            if dead and holder is not None and not holder.pool.alive(holder):
+                self._abandon_start()
+                raise _HolderGone(str(e)) from None
             self.kill()
             if isinstance(e, docker.errors.APIError):
                 hint = ""
@@ -179,58 +200,63 @@ class DockerSandbox(HelperSandbox):
                     )
                 raise SandboxError(f"cannot start sandbox {self.name}: {e}{hint}") from None
             raise
-        self._boot(HelperClient(self.transport, self.name))
+
+    def _abandon_start(self) -> None:
+        """Undo a start that failed because the holder died, so _start can try again."""
+        registry.unregister(self)
+        with contextlib.suppress(Exception):
+            self._remove_container()
+        self.transport.close()
+        self.container_id = ""
+        self._drop_holder(removed=False)  # dead anyway: discard
+
+    def _drop_holder(self, removed: bool) -> None:
+        """Return the holder (the sandbox's container is surely gone) or discard it."""
+        holder, self._holder = self._holder, None
+        if holder is None:
+            return
+        if removed:
+            holder.pool.release(holder)
+        else:
+            holder.pool.discard(holder)
+
+    def _remove_container(self) -> None:
+        """Force-remove the container; raises on anything but success or 'already gone'."""
+        import docker.errors
+
+        with contextlib.suppress(docker.errors.NotFound):
+            self.api.remove_container(self.container_id, force=True)
 
     def _destroy(self) -> None:
-        """Force-remove the container now; its workdir volume goes in the background."""
+        """Force-remove the container now; then its netns holder is free (or discarded)."""
         import docker.errors
 
-        if self.container_id:
-            try:
-                self.api.remove_container(self.container_id, force=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as e:
-                if e.status_code != 409:  # 409: the engine's auto-remove is already at it
-                    raise
-            janitor.submit(self.api, self.container_id, f"{SANDBOX_ID}={self.labels[SANDBOX_ID]}")
-        transport = getattr(self, "transport", None)
-        if transport is not None:
-            transport.close()
+        removed = False
+        try:
+            if self.container_id:
+                try:
+                    self._remove_container()
+                    removed = True
+                except docker.errors.APIError as e:
+                    if e.status_code != 409:  # 409: the engine's auto-remove is already at it
+                        raise
+        finally:
+            # any doubt that the container (and its sockets) is gone: never reuse the holder
+            self._drop_holder(removed=removed)
+            transport = getattr(self, "transport", None)
+            if transport is not None:
+                transport.close()
 
-    # files: the archive API for the workdir volume, the helper for tmpfs mounts
-    def _in_volume(self, path: str) -> bool:
-        wd = self.config.workdir.rstrip("/")
-        return path == wd or path.startswith(wd + "/")
-
+    # files go through the helper: it runs as the sandbox user and sees every tmpfs mount
     def _put_tar(self, dest_dir: str, data: bytes) -> None:
-        import docker.errors
+        self._helper_put(dest_dir, data)
 
-        if not self._in_volume(dest_dir):
-            self._helper_put(dest_dir, data)
-            return
-        try:
-            ok = self.api.put_archive(self.container_id, dest_dir, data)
-        except docker.errors.NotFound:
-            self._helper_put(dest_dir, data)  # dest_dir missing: the helper creates it
-            return
-        except docker.errors.APIError as e:
-            raise PermissionError(f"{dest_dir}: {e.explanation or e}") from None
-        if not ok:
-            raise OSError(f"put_archive into {dest_dir} failed")
+    def _get_tar(self, path: str, max_bytes: int) -> bytes:
+        return self._helper_get(path, max_bytes)
 
-    def _get_tar(self, path: str, max_bytes: int) -> Iterable[bytes] | bytes:
-        import docker.errors
 
-        if not self._in_volume(path):
-            return self._helper_get(path, max_bytes)
-        try:
-            stream, stat = self.api.get_archive(self.container_id, path, chunk_size=1 << 20)
-        except docker.errors.NotFound:
-            raise FileNotFoundError(f"{path}: no such file or folder in the sandbox") from None
-        except docker.errors.APIError as e:
-            raise OSError(f"{path}: {e.explanation or e}") from None
-        return stream
+class _HolderGone(Exception):
+    """The netns holder a sandbox was to join is no longer running."""
 
 
 def _default_tag() -> str:

@@ -22,6 +22,7 @@ _LIVE: dict[int, Any] = {}  # id(sandbox) -> sandbox (anything with a .kill() me
 _ATEXIT_DONE = False
 _SIGNALS_DONE = False
 _PREVIOUS: dict[int, Any] = {}
+_CLEANUPS: list[Callable[[], object]] = []  # run after the sandboxes are gone (netns holders)
 
 
 def register(sandbox: Any) -> None:
@@ -33,6 +34,14 @@ def register(sandbox: Any) -> None:
 def unregister(sandbox: Any) -> None:
     with _LOCK:
         _LIVE.pop(id(sandbox), None)
+
+
+def add_cleanup(fn: Callable[[], object]) -> None:
+    """Run `fn` after every kill_all (exit, signals): for resources sandboxes leave idle."""
+    with _LOCK:
+        if fn not in _CLEANUPS:
+            _CLEANUPS.append(fn)
+    _install()
 
 
 def live() -> list[Any]:
@@ -53,6 +62,11 @@ def kill_all(signum: int | None = None) -> int:
                 box.killed_by_signal = signum
         with contextlib.suppress(Exception):  # best effort on the way out
             box.kill()
+    with _LOCK:
+        cleanups = list(_CLEANUPS)
+    for fn in cleanups:
+        with contextlib.suppress(Exception):
+            fn()
     return len(boxes)
 
 

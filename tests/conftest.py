@@ -108,16 +108,18 @@ def _leaked_sandboxes() -> list[str]:
     leaked: list[str] = []
     try:
         from sandbox import gc as sandbox_gc
-        from sandbox import janitor
+        from sandbox import netns
         from sandbox.engine import docker_client
     except ImportError:
         return leaked
-    janitor.drain(30.0)  # workdir volumes of closed sandboxes are removed in the background
+    netns.shutdown()  # idle netns holders go at exit anyway; now, so that any left is a leak
     try:
         client = docker_client()
     except Exception:  # noqa: BLE001 - no engine: nothing of ours can be in it
         client = None
-    for info in sandbox_gc.list_all(client, TEST_RUN_PREFIX):
+    found = sandbox_gc.list_all(client, TEST_RUN_PREFIX)
+    found += sandbox_gc.docker_sandboxes(client, netns.HOLDER_RUN_ID) if client is not None else []
+    for info in found:
         if info.labels.get("sandflow.pid") == str(os.getpid()):
             leaked.append(f"{info.backend}:{info.id[:12]} run={info.run_id} ep={info.episode_id}")
             if info.backend == "docker":
