@@ -104,9 +104,13 @@ class RichEpisodeProgress:
         self._unsub = subscribe(self._on_event)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         if self._unsub:
             self._unsub()
+        if exc_type is not None and self._done == 0 and self._task is not None:
+            # failed before any episode ended (a bad endpoint, a bad task set): the error
+            # message is the whole story; an empty bar under it would only confuse
+            self._progress.remove_task(self._task)
         self._progress.stop()
 
     def _on_event(self, kind: str, data: dict[str, Any]) -> None:
