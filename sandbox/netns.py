@@ -159,6 +159,7 @@ class HolderPool:
     def _create(self) -> Holder:
         """Start a holder: `cat` as uid 1000, nothing writable, no caps, tiny limits."""
         import docker.errors
+        from docker.types import LogConfig
 
         from sandbox.base import SandboxError
 
@@ -172,6 +173,7 @@ class HolderPool:
             mem_limit="32m",
             memswap_limit="32m",
             nano_cpus=int(0.05 * 1e9),
+            log_config=LogConfig(type=LogConfig.types.NONE),
         )
         try:
             created = self.api.create_container(
