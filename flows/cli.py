@@ -183,6 +183,21 @@ def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
             signal.signal(signal.SIGTERM, previous)
 
 
+def _with_prefect_api(task_runner: str, dask_address: str | None, fn: Any) -> Any:
+    """`fn` run with a temporary Prefect server when Dask would otherwise go ephemeral
+    (flows/prefect_server.py); inside _guard, so its errors and Ctrl+C are reported as such."""
+
+    def run(**kwargs: Any) -> Any:
+        from flows.prefect_server import api_for_task_runner
+
+        with api_for_task_runner(task_runner, dask_address) as url:
+            if url:
+                _console().print(f"[dim]no PREFECT_API_URL: a temporary Prefect server at {url} serves this Dask run[/]")
+            return fn(**kwargs)
+
+    return run
+
+
 def _runner(kind: str, concurrency: int, dask_address: str | None) -> Any:
     from flows.run import make_task_runner
 
@@ -272,7 +287,7 @@ def bench(
 
     with RichEpisodeProgress("episodes", console=console):
         result = _guard(
-            nightly_flow,
+            _with_prefect_api(task_runner, dask_address, nightly_flow),
             source=source,
             model=s.model,
             base_url=s.base_url,
@@ -379,7 +394,7 @@ def cmd_run(
     runner = _runner(task_runner, concurrency, dask_address)
     with RichEpisodeProgress("episodes", console=_console()):
         r = _guard(
-            run_flow.with_options(task_runner=runner),
+            _with_prefect_api(task_runner, dask_address, run_flow.with_options(task_runner=runner)),
             task_set=task_set,
             model=s.model,
             base_url=s.base_url,

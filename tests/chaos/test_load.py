@@ -50,14 +50,9 @@ def test_200_episodes_at_16_sandboxes_through_dask_no_failure_no_leak() -> None:
     assert result["dask_failed"] == 0 and result["dask_leaked"] == 0, result
 
 
-@pytest.mark.xfail(
-    reason="--task-runner dask without a Prefect server (ephemeral mode): each Dask worker "
-    "process starts its own ephemeral API server under load; task runs fail with 'Server "
-    "process did not start' / 'Failed to reach API'. Works with PREFECT_API_URL set (the "
-    "load benchmark's Dask pass).",
-    strict=True,
-)
 def test_dask_in_ephemeral_mode_under_load(tmp_path, start_cli) -> None:
+    """No PREFECT_API_URL: sandflow starts one temporary Prefect server for the Dask run
+    (flows/prefect_server.py) instead of letting every worker start its own."""
     from tests.chaos.conftest import chaos_run_id, containers_of, query
     from tests.flows.conftest import solver, tiny_tasks, write_tasks
     from tests.scripted_model import ScriptedModel
@@ -76,3 +71,29 @@ def test_dask_in_ephemeral_mode_under_load(tmp_path, start_cli) -> None:
     assert containers_of(rid) == []
     rows = query(wh, f"SELECT count(*) FROM episodes WHERE run_id = '{rid}' AND termination = 'submitted'")
     assert rows == [(8,)], run.output[-3000:]
+    assert "a temporary Prefect server at http://127.0.0.1:" in run.output
+    # The temporary server is stopped with the run: nothing listens on its port any more.
+    port = int(run.output.split("a temporary Prefect server at http://127.0.0.1:")[1].split("/")[0])
+    import socket
+
+    with socket.socket() as s, pytest.raises(OSError):
+        s.settimeout(2)
+        s.connect(("127.0.0.1", port))
+
+
+def test_dask_on_a_remote_cluster_without_prefect_api_fails_early(tmp_path, start_cli) -> None:
+    """Workers on other hosts cannot reach a server on this host's 127.0.0.1: say so, start nothing."""
+    from tests.chaos.conftest import chaos_run_id
+    from tests.flows.conftest import tiny_tasks, write_tasks
+
+    ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(1))
+    run = start_cli(
+        "flows", "run", str(ts), "--base-url", "http://127.0.0.1:9/v1", "--model", "scripted", "--mode", "sandbox",
+        "--warehouse", str(tmp_path / "wh"), "--run-id", chaos_run_id("dask-remote"),
+        "--task-runner", "dask", "--dask-address", "tcp://10.1.2.3:8786",
+    )  # fmt: skip
+    rc = run.wait(timeout=120)
+    assert rc != 0
+    out = " ".join(run.output.split())
+    assert "PREFECT_API_URL" in out and "10.1.2.3" in out, run.output[-2000:]
+    assert "Traceback" not in run.output, run.output[-3000:]
