@@ -24,6 +24,7 @@ from typing import Any
 from sandbox import netns, registry
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.common import HOME, HelperSandbox
+from sandbox.deadline import bounded
 from sandbox.engine import docker_client, ensure_image
 from sandbox.labels import make_labels
 from sandbox.protocol import BOOT_ARGV, HelperClient, TransportClosed
@@ -157,19 +158,24 @@ class DockerSandbox(HelperSandbox):
         import docker.errors
 
         holder = self._holder
+        host_config = self._host_config(holder)
         try:
-            created = self.api.create_container(
-                self.image,
-                BOOT_ARGV,
-                user="1000:1000",
-                working_dir=self.config.workdir,
-                # the engine refuses a hostname with a container: network; the holder has it
-                hostname=None if holder else "sandbox",
-                environment=self._environment(),
-                labels=self.labels,
-                stdin_open=True,
-                detach=False,  # with stdin_open: StdinOnce, so our disconnect ends the container
-                host_config=self._host_config(holder),
+            created = bounded(
+                "create_container",
+                lambda: self.api.create_container(
+                    self.image,
+                    BOOT_ARGV,
+                    user="1000:1000",
+                    working_dir=self.config.workdir,
+                    # the engine refuses a hostname with a container: network; the holder has it
+                    hostname=None if holder else "sandbox",
+                    environment=self._environment(),
+                    labels=self.labels,
+                    stdin_open=True,
+                    detach=False,  # with stdin_open: StdinOnce: our disconnect ends the container
+                    host_config=host_config,
+                ),
+                late=lambda c: self.api.remove_container(c["Id"], force=True),
             )
         except docker.errors.APIError as e:
             if holder is not None and not holder.pool.alive(holder):
@@ -180,16 +186,19 @@ class DockerSandbox(HelperSandbox):
                 f"cannot create a sandbox container from {self.image}: {e}"
             ) from None
         except BaseException:
-            self._drop_holder(removed=True)
+            self._drop_holder(removed=False)  # a late container may still join it: discard
             raise
         self.container_id = created["Id"]
         registry.register(self)
         try:
-            sock = self.api.attach_socket(
-                self.container_id, params={"stdin": 1, "stream": 1, "stdout": 1, "stderr": 1}
+            params = {"stdin": 1, "stream": 1, "stdout": 1, "stderr": 1}
+            sock = bounded(
+                "attach_socket",
+                lambda: self.api.attach_socket(self.container_id, params=params),
+                late=lambda s: AttachTransport(s).close(),
             )
             self.transport = AttachTransport(sock)
-            self.api.start(self.container_id)
+            bounded("start", lambda: self.api.start(self.container_id))
         except BaseException as e:
             dead = isinstance(e, docker.errors.APIError) and holder is not None
             if dead and holder is not None and not holder.pool.alive(holder):
@@ -211,7 +220,9 @@ class DockerSandbox(HelperSandbox):
         registry.unregister(self)
         with contextlib.suppress(Exception):
             self._remove_container()
-        self.transport.close()
+        transport = getattr(self, "transport", None)
+        if transport is not None:
+            transport.close()
         self.container_id = ""
         self._drop_holder(removed=False)  # dead anyway: discard
 
@@ -229,8 +240,9 @@ class DockerSandbox(HelperSandbox):
         """Force-remove the container; raises on anything but success or 'already gone'."""
         import docker.errors
 
+        cid = self.container_id
         with contextlib.suppress(docker.errors.NotFound):
-            self.api.remove_container(self.container_id, force=True)
+            bounded("remove_container", lambda: self.api.remove_container(cid, force=True))
 
     def _destroy(self) -> None:
         """Force-remove the container now; then its netns holder is free (or discarded)."""

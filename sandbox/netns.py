@@ -38,7 +38,8 @@ from typing import Any
 
 from sandbox import labels as L
 from sandbox import registry
-from sandbox.base import SandboxConfig
+from sandbox.base import SandboxConfig, SandboxError
+from sandbox.deadline import bounded
 
 log = logging.getLogger("sandflow.sandbox")
 
@@ -122,11 +123,10 @@ class HolderPool:
         import docker.errors
 
         try:
-            state = self.api.inspect_container(holder.id).get("State") or {}
-        except docker.errors.NotFound:
+            info = bounded("inspect_container", lambda: self.api.inspect_container(holder.id))
+        except (docker.errors.APIError, SandboxError):
             return False
-        except docker.errors.APIError:
-            return False
+        state = info.get("State") or {}
         return bool(state.get("Running")) and not state.get("Restarting")
 
     # ------------------------------------------------------------------ upkeep
@@ -161,8 +161,6 @@ class HolderPool:
         import docker.errors
         from docker.types import LogConfig
 
-        from sandbox.base import SandboxError
-
         host_config = self.api.create_host_config(
             auto_remove=True,
             read_only=True,
@@ -176,23 +174,31 @@ class HolderPool:
             log_config=LogConfig(type=LogConfig.types.NONE),
         )
         try:
-            created = self.api.create_container(
-                self.image,
-                HOLDER_ARGV,
-                user="1000:1000",
-                hostname="sandbox",  # a sandbox that joins this namespace gets this hostname
-                labels=self._labels(),
-                stdin_open=True,
-                detach=False,  # with stdin_open: StdinOnce, so our disconnect ends it
-                host_config=host_config,
+            created = bounded(
+                "create_container",
+                lambda: self.api.create_container(
+                    self.image,
+                    HOLDER_ARGV,
+                    user="1000:1000",
+                    hostname="sandbox",  # a sandbox that joins this namespace gets this hostname
+                    labels=self._labels(),
+                    stdin_open=True,
+                    detach=False,  # with stdin_open: StdinOnce, so our disconnect ends it
+                    host_config=host_config,
+                ),
+                late=lambda c: self.api.remove_container(c["Id"], force=True),
             )
         except docker.errors.APIError as e:
             raise SandboxError(f"cannot create a network-namespace holder from {self.image}: {e}") from None
         cid = created["Id"]
         sock = None
         try:
-            sock = self.api.attach_socket(cid, params={"stdin": 1, "stream": 1})
-            self.api.start(cid)
+            sock = bounded(
+                "attach_socket",
+                lambda: self.api.attach_socket(cid, params={"stdin": 1, "stream": 1}),
+                late=lambda s: s.close(),
+            )
+            bounded("start", lambda: self.api.start(cid))
         except BaseException as e:
             holder = Holder(cid, sock, self)
             self._remove(holder)
@@ -205,7 +211,7 @@ class HolderPool:
         import docker.errors
 
         try:
-            self.api.remove_container(holder.id, force=True)
+            bounded("remove_container", lambda: self.api.remove_container(holder.id, force=True))
         except docker.errors.NotFound:
             pass
         except Exception as e:  # noqa: BLE001 - closing stdin below ends it anyway; gc is the backstop
