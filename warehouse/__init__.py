@@ -26,7 +26,9 @@ API (everything below is importable from ``warehouse``)::
     # Scores and usage labels (the flows' score / usage steps); one batch file per call,
     # the newest batch per (episode, verifier) / (episode, labeler) wins in the views
     wh.write_scores([ScoreRow(run_id=, episode_id=, verifier=, score=, passed=, reason=,
-                              answer=, ground_truth=, details={})] or dicts)
+                              answer=, ground_truth=, details={},
+                              episode_write_id=)] or dicts)   # the attempt judged
+    # a score of an attempt since re-recorded is stale: left out of `scores`, in `stale_scores`
     wh.write_usage([UsageRow(run_id=, episode_id=, turn_index=, call_index=, capability=,
                              tool=, detail=, labeler="rules")] or dicts)
     # capability: computation | file_management | external_resource | none
@@ -41,7 +43,7 @@ API (everything below is importable from ``warehouse``)::
     # Maintenance
     wh.compact(run_id)                         # one file per table, atomic, idempotent
 
-Views: runs, episodes, turns, scores, usage, partial_turns, tool_calls, accuracy,
+Views: runs, episodes, turns, scores, stale_scores, usage, partial_turns, tool_calls, accuracy,
 accuracy_by_verifier, episode_tokens, capability_usage, slow_tools, timeouts, errors
 (see warehouse.query). User guide: docs/warehouse.md.
 Layout and file-level guarantees: see warehouse.layout; schemas: warehouse.schema.
