@@ -7,7 +7,8 @@ warning naming them), reads the episode and run files at once (their names are r
 in place; the turns shown are chosen from exactly those rows), and creates:
 
 Base views (the current state: idempotent re-records and re-scores resolved)
-  runs, episodes, turns, scores, usage
+  runs, episodes, turns, scores, usage   (scores: stale ones, of a re-recorded attempt, left out)
+  stale_scores     scores of an attempt since re-recorded (re-score to replace them)
   partial_turns    turns still in journals: live episodes, orphans, recovered attempts
   tool_calls       one row per tool call, joined with its observation
 
