@@ -3,8 +3,9 @@
 close() is the normal path. This registry is the safety net for the others: interpreter
 exit (atexit), SIGINT and SIGTERM (a handler that removes our live sandboxes, then chains
 to whatever handler was there before, so Prefect's or the user's handling still runs).
-Only *this process's* sandboxes are touched; other runs' containers are never removed
-here (that is `sandflow sandbox gc`'s job, by label).
+Cleanups registered with add_cleanup run after the sandboxes are gone (the netns pool
+removes its idle holders there). Only *this process's* sandboxes are touched; other
+runs' containers are never removed here (that is `sandflow sandbox gc`'s job, by label).
 """
 
 from __future__ import annotations
