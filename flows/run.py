@@ -116,8 +116,17 @@ def compact_after_run(root: str, run_id: str) -> dict[str, Any]:
     from warehouse.store import Warehouse
 
     t0 = time.perf_counter()
+    wh = Warehouse(root)
     try:
-        res = Warehouse(root).compact(run_id)
+        res = wh.compact(run_id)
+        # A query session open right now (`sandflow sql`, another flow) keeps the merged
+        # files on disk, hidden; give it a moment to close, then delete them, so a finished
+        # run does not keep two copies of its data until someone compacts it again.
+        deadline = time.monotonic() + 2.0
+        while res.pending_deletes and time.monotonic() < deadline:
+            time.sleep(0.2)
+            if wh.layout.readers_idle():
+                res.pending_deletes = wh.compact(run_id).pending_deletes
     except Exception as exc:
         logging.getLogger(__name__).warning("compaction of run %s failed: %s", run_id, exc)
         return {"seconds": time.perf_counter() - t0, "error": f"{type(exc).__name__}: {exc}"}
@@ -126,6 +135,8 @@ def compact_after_run(root: str, run_id: str) -> dict[str, Any]:
         "files_before": res.files_before,
         "rows_after": res.rows_after,
         "skipped_bad": [str(b) for b in res.skipped_bad],
+        # > 0: merged files kept (hidden) for an open reader; `sandflow warehouse compact` removes them
+        "pending_deletes": res.pending_deletes,
     }
 
 

@@ -53,6 +53,9 @@ class CompactionResult:
     files_before: dict[str, int] = field(default_factory=dict)
     rows_after: dict[str, int] = field(default_factory=dict)
     skipped_bad: list[BadFile] = field(default_factory=list)
+    # Merged files still on disk (hidden) because a query session was open: the next
+    # compaction of the run deletes them.
+    pending_deletes: int = 0
 
     @property
     def changed(self) -> bool:
@@ -131,6 +134,9 @@ def compact_run(
             if threads:
                 con.execute(f"SET threads = {int(threads)}")
             _compact_run(layout, run_id, con, result)
+            result.pending_deletes = sum(
+                len(Manifest.read(layout.part_dir(t, run_id)).replaces) for t in COMPACT_TABLES
+            )
         finally:
             con.close()
             shutil.rmtree(tmp_dir, ignore_errors=True)

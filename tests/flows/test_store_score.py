@@ -99,6 +99,52 @@ def test_run_compacts_at_its_end_and_resume_keeps_one_row_per_key(tmp_path: Path
     assert load_run(wh, rid).turns_of(t1.episode_id)[0].assistant_content == ANSWER
 
 
+def test_run_end_compaction_with_a_reader_open(tmp_path: Path) -> None:
+    """A query session open while the run ends keeps its snapshot; the merged files are
+    deleted once it closes (the flow waits briefly), or reported as pending if it stays."""
+    import threading
+    import time
+
+    from warehouse.query import connect
+
+    ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(2))
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    with ScriptedModel(default=text_reply(ANSWER), models=("scripted",)) as server:
+        rid = new_run_id("reader")
+        _run(ts, server, wh, rid, compact=False)
+        q = connect(wh, run_id=rid)  # a reader that closes once the compaction has switched
+        before = q.rows("SELECT episode_id, write_id FROM episodes ORDER BY 1")
+        manifest = wh / "turns" / f"run_id={rid}" / "_compaction.json"
+
+        def close_after_switch() -> None:
+            deadline = time.monotonic() + 60
+            while not manifest.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)
+            q.close()
+
+        closer = threading.Thread(target=close_after_switch)
+        closer.start()
+        summary = _run(ts, server, wh, rid)
+        closer.join()
+        assert summary["compaction"]["files_before"]["episodes"] == 2
+        assert summary["compaction"]["pending_deletes"] == 0, summary["compaction"]
+        assert [n.startswith("compacted-") for n in _files(wh, "episodes", rid)] == [True]
+
+        rid2 = new_run_id("reader2")
+        _run(ts, server, wh, rid2, compact=False)
+        with connect(wh, run_id=rid2) as held:  # open for the whole run end
+            summary = _run(ts, server, wh, rid2)
+            assert summary["compaction"]["pending_deletes"] == 4  # 2 episode + 2 turns files
+            assert held.rows("SELECT count(*) FROM turns") == [(2,)]  # its snapshot reads on
+        assert before and _query(wh, f"SELECT count(*) FROM episodes WHERE run_id = '{rid2}'") == [(2,)]
+    from warehouse import Warehouse
+
+    assert Warehouse(wh).compact(rid2).pending_deletes == 0  # `sandflow warehouse compact` later
+    assert [n.startswith("compacted-") for n in _files(wh, "turns", rid2)] == [True]
+
+
 def test_a_rerecorded_episode_loses_its_stale_score_until_scored_again(tmp_path: Path) -> None:
     from flows.episode import EpisodeSettings, run_one
     from flows.run import plan

@@ -154,3 +154,16 @@ def test_an_open_session_keeps_its_snapshot_across_rerecord_and_compaction(
         names = [p.name for p in (tmp_path / table / "run_id=r1").glob("*.parquet")]
         assert len(names) == 1 and names[0].startswith("compacted-"), names
     assert ("redo", 3) in [e[1:] for e in _state(wh, "r1")[0]]
+
+
+def test_pending_deletes_counts_files_kept_for_an_open_session(tmp_path: Path) -> None:
+    wh = Warehouse(tmp_path)
+    _fill(wh, "r1", 5)
+    with wh.query(run_id="r1") as q:
+        res = wh.compact("r1")
+        assert res.pending_deletes == 5 + 5 + 1  # episodes, turns, the scores batch
+        assert q.rows("SELECT count(*) FROM episodes") == [(5,)]  # its snapshot still reads
+    assert wh.compact("r1").pending_deletes == 0  # no session open: deleted now
+    for table in ("episodes", "turns", "scores"):
+        names = [p.name for p in (tmp_path / table / "run_id=r1").glob("*.parquet")]
+        assert len(names) == 1 and names[0].startswith("compacted-"), names
