@@ -47,4 +47,6 @@ def test_session_end_check_fails_a_leaking_run(
     assert "1 passed" in r.stdout, r.stdout + r.stderr
     assert r.returncode == 1, "the leak must fail the run"
     assert "sandboxes leaked by this test session" in r.stderr
+    # the leaked sandbox's network-namespace holder is counted (and removed) too
+    assert "run=sandflow-netns-holder" in r.stderr, r.stderr
     assert [i for i in G.list_all(docker_engine, f"pytest-leakcheck-{tag}")] == []
