@@ -143,15 +143,16 @@ class DockerSandbox(HelperSandbox):
         """Create + attach + start; with a netns holder, a dead holder is replaced once."""
         pool = netns.pool_for(self.api, self.image) if netns.enabled(self.config.limits.network) else None
         for attempt in range(2):
-            self._holder = pool.acquire() if pool else None
+            self._holder = pool.acquire(fresh=attempt > 0) if pool else None
             try:
                 self._create_and_start()
                 break
             except _HolderGone as e:
-                if attempt:
+                if attempt or pool is None:
                     raise SandboxError(
                         f"cannot start sandbox: its network-namespace holder died twice ({e})"
                     ) from None
+                pool.prune()  # its idle siblings likely died with it (engine restart)
         self._boot(HelperClient(self.transport, self.name))
 
     def _create_and_start(self) -> None:

@@ -85,10 +85,10 @@ class HolderPool:
         self._lock = threading.RLock()  # re-entrant: the signal handler may release/shutdown
 
     # ------------------------------------------------------------------ leases
-    def acquire(self) -> Holder:
+    def acquire(self, fresh: bool = False) -> Holder:
         """A holder for exactly one sandbox: the most recently freed one, or a new one."""
         with self._lock:
-            holder = self._free.pop() if self._free else None
+            holder = self._free.pop() if self._free and not fresh else None
             if holder is not None:
                 self._busy[holder.id] = holder
                 return holder
@@ -118,6 +118,16 @@ class HolderPool:
             with contextlib.suppress(ValueError):
                 self._free.remove(holder)
         self._remove(holder)
+
+    def prune(self) -> int:
+        """Discard idle holders that are no longer running (after one was found dead, e.g.
+        the engine restarted: the others likely went with it). Returns how many."""
+        with self._lock:
+            idle = list(self._free)
+        dead = [h for h in idle if not self.alive(h)]
+        for h in dead:
+            self.discard(h)
+        return len(dead)
 
     def alive(self, holder: Holder) -> bool:
         import docker.errors

@@ -207,6 +207,23 @@ def test_a_dead_holder_is_replaced_transparently(
     assert not _exists(b.api, dead)
 
 
+def test_all_idle_holders_dead_costs_one_retry(open_docker: Callable[..., DockerSandbox]) -> None:
+    """As after an engine restart: every idle holder is gone; the next start still works."""
+    boxes = [open_docker(f"restart-{i}") for i in range(3)]
+    dead = [_holder_id(b) for b in boxes]
+    for b in boxes:
+        b.close()
+    api = boxes[0].api
+    for hid in dead:
+        api.remove_container(hid, force=True)
+    pool = netns.pool_for(api, boxes[0].image)
+    sb = open_docker("restart-next")
+    assert _holder_id(sb) not in dead and sb.exec("echo ok").stdout == "ok\n"
+    with pool._lock:
+        idle = [h.id for h in pool._free]
+    assert not set(idle) & set(dead), "dead idle holders should have been pruned"
+
+
 def test_a_sandbox_removed_from_outside_still_frees_its_holder(
     open_docker: Callable[..., DockerSandbox],
 ) -> None:
