@@ -35,7 +35,7 @@ import duckdb
 
 from warehouse.layout import FileId, Layout, Manifest, fsync_dir, new_id
 from warehouse.query import projected_source
-from warehouse.schema import file_metadata, schema_for
+from warehouse.schema import META_PROMPT_DELTAS, file_metadata, schema_for
 from warehouse.validate import BadFile, FileInfo, validate_files
 
 COMPACT_TABLES = ("turns", "episodes", "scores", "usage")  # turns before episodes
@@ -181,14 +181,10 @@ def _compact_run(
         select = _plan(table, good_info, kept)
         name = f"compacted-{new_id()}.parquet"
         tmp = part / f".{name}.tmp"
-        meta = (
-            "KV_METADATA {"
-            + ", ".join(
-                f"'{k.decode()}': '{v.decode()}'"
-                for k, v in file_metadata(table, schema_for(table).names).items()
-            )
-            + "}"
-        )
+        kv = file_metadata(table, schema_for(table).names)
+        if any(i.prompt_deltas for i in good_info):
+            kv[META_PROMPT_DELTAS] = b"1"  # rows are copied as stored: deltas stay deltas
+        meta = "KV_METADATA {" + ", ".join(f"'{k.decode()}': '{v.decode()}'" for k, v in kv.items()) + "}"
         try:
             ((count,),) = con.execute(
                 f"COPY ({select}) TO '{tmp}' (FORMAT parquet, COMPRESSION zstd, "

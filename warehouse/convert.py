@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.records import INFRA_TERMINATIONS, EpisodeRecord, TurnRecord
-from warehouse.schema import OBSERVATION, TOOL_CALL, schema_for
+from warehouse.schema import META_PROMPT_DELTAS, OBSERVATION, TOOL_CALL, schema_for
 from warehouse.secrets import scrub
 
 
@@ -45,9 +45,43 @@ def dumps(obj: Any) -> str | None:
     return json.dumps(obj, ensure_ascii=False, default=str, separators=(",", ":"))
 
 
-def turns_table(turns: Sequence[TurnRecord], write_id: str) -> pa.Table:
-    """One episode's turns, sorted by turn_index, as a table in the `turns` schema."""
+def prompt_id_deltas(
+    turns: Sequence[TurnRecord],
+) -> tuple[list[list[int] | None], list[int | None]]:
+    """Each turn's prompt ids minus the previous turn's prompt, when that is their prefix.
+
+    Why: the chat history is append-only, so turn i's prompt ids start with turn i-1's;
+    storing them in full is quadratic in the turns. Returns the ids to store and, per
+    turn, how many leading ids were left out (None: stored in full). `turns` is sorted by
+    turn_index; with a repeated index nothing is left out (the chain would be ambiguous).
+    The `turns` view puts the full ids back (warehouse.query.FULL_PROMPT_IDS).
+    """
+    stored: list[list[int] | None] = [t.prompt_token_ids for t in turns]
+    prefix: list[int | None] = [None] * len(turns)
+    if len({t.turn_index for t in turns}) != len(turns):
+        return stored, prefix
+    for i in range(1, len(turns)):
+        prev, ids = turns[i - 1].prompt_token_ids, turns[i].prompt_token_ids
+        if prev and ids is not None and len(ids) >= len(prev) and ids[: len(prev)] == prev:
+            stored[i] = ids[len(prev) :]
+            prefix[i] = len(prev)
+    return stored, prefix
+
+
+def turns_table(
+    turns: Sequence[TurnRecord], write_id: str, *, prompt_deltas: bool = False
+) -> pa.Table:
+    """One episode's turns, sorted by turn_index, as a table in the `turns` schema.
+
+    prompt_deltas: store each turn's prompt ids as a delta on the previous turn's
+    (`prompt_token_ids_prefix_len` says how many ids it shares); committed episodes are
+    written so, journals' partial turns are not.
+    """
     turns = sorted(turns, key=lambda t: t.turn_index)
+    if prompt_deltas:
+        prompt_ids, prefix_len = prompt_id_deltas(turns)
+    else:
+        prompt_ids, prefix_len = [t.prompt_token_ids for t in turns], [None] * len(turns)
     tool_calls = [
         [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in t.tool_calls]
         for t in turns
@@ -70,6 +104,8 @@ def turns_table(turns: Sequence[TurnRecord], write_id: str) -> pa.Table:
         for t in turns
     ]
     schema = schema_for("turns")
+    if any(n is not None for n in prefix_len):
+        schema = schema.with_metadata({**(schema.metadata or {}), META_PROMPT_DELTAS: b"1"})
     cols: dict[str, pa.Array] = {
         "run_id": pa.array([t.run_id for t in turns], pa.string()),
         "episode_id": pa.array([t.episode_id for t in turns], pa.string()),
@@ -91,7 +127,7 @@ def turns_table(turns: Sequence[TurnRecord], write_id: str) -> pa.Table:
         "completion_tokens": pa.array([t.usage.completion_tokens for t in turns], pa.int64()),
         "cached_tokens": pa.array([t.usage.cached_tokens for t in turns], pa.int64()),
         "reasoning_tokens": pa.array([t.usage.reasoning_tokens for t in turns], pa.int64()),
-        "prompt_token_ids": pa.array([t.prompt_token_ids for t in turns], pa.list_(pa.int32())),
+        "prompt_token_ids": pa.array(prompt_ids, pa.list_(pa.int32())),
         "completion_token_ids": pa.array(
             [t.completion_token_ids for t in turns], pa.list_(pa.int32())
         ),
@@ -101,6 +137,7 @@ def turns_table(turns: Sequence[TurnRecord], write_id: str) -> pa.Table:
         "error": pa.array([t.error for t in turns], pa.string()),
         "request_max_tokens": pa.array([t.request_max_tokens for t in turns], pa.int32()),
         "attempts": pa.array([t.attempts for t in turns], pa.int32()),
+        "prompt_token_ids_prefix_len": pa.array(prefix_len, pa.int32()),
     }
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 

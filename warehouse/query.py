@@ -117,6 +117,26 @@ def projected_source(table: str, files: list[FileInfo]) -> str:
     return " UNION ALL ".join(parts)
 
 
+# The `turns` view's prompt_token_ids in full: a turn stored as a delta on the previous
+# turn's prompt (prompt_token_ids_prefix_len set; warehouse.convert.prompt_id_deltas) gets
+# the ids of its chain so far (the turns since the last one stored in full) concatenated.
+# Only applied when a file of the snapshot holds deltas (its footer says so); queries that
+# do not select prompt_token_ids skip the windows even then (DuckDB drops unused ones).
+FULL_PROMPT_IDS = """
+    SELECT * EXCLUDE (_prompt_chain) REPLACE (
+        CASE WHEN prompt_token_ids_prefix_len IS NULL THEN prompt_token_ids
+             ELSE flatten(list(prompt_token_ids) OVER (
+                 PARTITION BY run_id, episode_id, write_id, _prompt_chain ORDER BY turn_index
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
+        END AS prompt_token_ids)
+    FROM (
+        SELECT *, count(*) FILTER (WHERE prompt_token_ids_prefix_len IS NULL) OVER (
+            PARTITION BY run_id, episode_id, write_id ORDER BY turn_index
+            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _prompt_chain
+        FROM ({body})
+    )
+"""
+
 # Tables whose per-item files keep their name across rewrites (episodes/<episode_id>.parquet,
 # runs/.../run.parquet): the views read them at snapshot time, not lazily at query time.
 PINNED = ("runs", "episodes")
@@ -471,6 +491,8 @@ class WarehouseQuery:
                 src = f"SELECT * FROM ({src}) WHERE write_id NOT IN ({', '.join(map(_sql_str, stale))})"
             parts.append(src)
         body = " UNION ALL ".join(parts) if parts else "SELECT * FROM _empty_turns"
+        if any(f.prompt_deltas for f in per_episode + merged):
+            body = FULL_PROMPT_IDS.format(body=body)
         self.con.execute(f"CREATE OR REPLACE VIEW turns AS {body}")
 
     def _create_partial_turns(self, snap: Snapshot, *, journals: bool = True) -> None:

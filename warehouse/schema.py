@@ -42,6 +42,9 @@ TABLES = ("runs", "episodes", "turns", "scores", "usage")
 META_TABLE = b"sandflow.table"
 META_VERSION = b"sandflow.schema_version"
 META_COLUMNS = b"sandflow.columns"  # comma-separated column names: files group without a scan
+# "1" on a turns file with prompt ids stored as deltas (only such files need the view's
+# reconstruction; readers of the others pay nothing for it)
+META_PROMPT_DELTAS = b"sandflow.prompt_deltas"
 
 _TS = pa.timestamp("us", tz="UTC")
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -144,6 +147,10 @@ TURNS = pa.schema(
         pa.field("error", pa.string()),
         pa.field("request_max_tokens", pa.int32()),  # max_tokens sent (shrinks after a context error)
         pa.field("attempts", pa.int32()),  # HTTP attempts of the model call (retries)
+        # Leading prompt ids shared with the previous turn's prompt and not stored again
+        # here: prompt_token_ids then holds only the new ids (the `turns` view rebuilds the
+        # full list). NULL: stored in full (first turn, a changed prefix, older files).
+        pa.field("prompt_token_ids_prefix_len", pa.int32()),
     ]
 )
 

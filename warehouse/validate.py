@@ -26,7 +26,13 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from warehouse.schema import KEY_COLUMNS, META_COLUMNS, META_TABLE, META_VERSION
+from warehouse.schema import (
+    KEY_COLUMNS,
+    META_COLUMNS,
+    META_PROMPT_DELTAS,
+    META_TABLE,
+    META_VERSION,
+)
 
 MAGIC = b"PAR1"
 
@@ -48,6 +54,7 @@ class FileInfo:
     path: Path
     columns: tuple[str, ...]
     schema_version: int
+    prompt_deltas: bool = False  # turns: prompt ids stored as deltas (schema.META_PROMPT_DELTAS)
 
 
 class FilesVanished(RuntimeError):
@@ -110,7 +117,12 @@ def _judge(path: Path, table: str, kv: dict[bytes, bytes]) -> FileInfo | str:
     missing = [c for c in KEY_COLUMNS[table] if c not in columns]
     if missing:
         return f"foreign schema: key column(s) {', '.join(missing)} missing"
-    return FileInfo(path=path, columns=columns, schema_version=version)
+    return FileInfo(
+        path=path,
+        columns=columns,
+        schema_version=version,
+        prompt_deltas=kv.get(META_PROMPT_DELTAS) == b"1",
+    )
 
 
 def _kv_pyarrow(path: Path) -> dict[bytes, bytes] | str:

@@ -54,7 +54,7 @@ def commit_episode(
     write_id = new_id()
     if turns:
         write_parquet_atomic(
-            turns_table(turns, write_id),
+            turns_table(turns, write_id, prompt_deltas=True),
             layout.turns_file(episode.run_id, episode.episode_id, write_id),
             durable=durable,
         )
