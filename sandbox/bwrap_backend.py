@@ -285,9 +285,7 @@ class BwrapSandbox(HelperSandbox):
             self.transport = PipeTransport(self.proc)
             cgroup_dirs = [str(d) for d in self.cgroups.dirs.values()] if self.cgroups else []
             self.state_file = write_bwrap_state(self.id, self.proc.pid, self.labels, cgroup_dirs)
-            if info_r >= 0:
-                # The network is up before the helper runs its first command (boot below).
-                self.nat = UserNat(read_child_pid(info_r, self.proc), self.name)
+            child = read_child_pid(info_r, self.proc) if info_r >= 0 else None
         except BaseException:
             self.kill()
             raise
@@ -296,6 +294,15 @@ class BwrapSandbox(HelperSandbox):
                 if fd >= 0:
                     os.close(fd)
         self._boot(HelperClient(self.transport, self.name))
+        if child is not None:
+            # Only after boot: bwrap sets up the sandbox's loopback before it execs the helper,
+            # and slirp4netns --configure brings lo up too; racing it made bwrap fail under load
+            # ("loopback: Failed RTM_NEWADDR"). No command of the sandbox has run yet.
+            try:
+                self.nat = UserNat(child, self.name)
+            except BaseException:
+                self.kill()
+                raise
 
     def _destroy(self) -> None:
         proc = self.proc

@@ -134,6 +134,7 @@ def test_export_of_many_small_files_is_bounded(backend: str, test_run_id: str, t
     """Far more files than the copy limit: the export stops at the limit and says so."""
     from sandbox import SandboxConfig, SandboxLimits, open_sandbox
     from sandbox.archive import CopyLimits
+    from sandbox.common import HelperSandbox
 
     cfg = SandboxConfig(
         backend=backend,
@@ -147,6 +148,7 @@ def test_export_of_many_small_files_is_bounded(backend: str, test_run_id: str, t
             timeout=120,
         )
         assert r.stdout.strip() == "20000", r
+        assert isinstance(sb, HelperSandbox)  # both backends; the export limits live there
         sb.copy_limits = CopyLimits(max_bytes=1 << 20, max_files=2000)
         files = sb.copy_out("/testbed/output", tmp_path / "export")
     assert len(files) == 2000
