@@ -198,6 +198,20 @@ def _with_prefect_api(task_runner: str, dask_address: str | None, fn: Any) -> An
     return run
 
 
+def _print_compaction(console: Any, comp: dict[str, Any] | None) -> None:
+    if not comp:
+        return
+    if comp.get("error"):
+        console.print(f"[yellow]compaction failed[/] ({comp['error']}); `sandflow warehouse compact` retries it")
+        return
+    per_table = comp.get("files_before") or {}
+    parts = ", ".join(f"{t} {n}" for t, n in per_table.items())
+    line = f"[dim]compacted {sum(per_table.values())} files ({parts}) in {comp.get('seconds', 0):.2f}s"
+    if comp.get("pending_deletes"):
+        line += f"; {comp['pending_deletes']} merged files kept for an open reader"
+    console.print(line + "[/]")
+
+
 def _runner(kind: str, concurrency: int, dask_address: str | None) -> Any:
     from flows.run import make_task_runner
 
@@ -382,6 +396,9 @@ def cmd_run(
     dask_address: str = typer.Option(None, "--dask-address", help="tcp://host:8786"),
     logprobs: bool = typer.Option(False, "--logprobs", help="Record completion logprobs (RL)."),
     token_ids: bool = typer.Option(False, "--token-ids", help="Record exact token ids (vLLM; RL)."),
+    compact: bool = typer.Option(
+        True, "--compact/--no-compact", help="Merge the run's per-episode files at its end (fast SQL)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run episodes (resumable): a task set x a model x mode x samples."""
@@ -415,6 +432,7 @@ def cmd_run(
             retries=retries,
             logprobs=logprobs,
             return_token_ids=token_ids,
+            compact=compact,
         )
     c = _console()
     c.print(
@@ -423,6 +441,7 @@ def cmd_run(
     )
     for f in r["failures"][:10]:
         c.print(f"  [red]failed[/] {f}")
+    _print_compaction(c, r.get("compaction"))
     if task_runner == "dask":
         c.print(f"episodes ran in worker pids {r['worker_pids']}", highlight=False)
     c.print(f"next: sandflow flows score --run-id {r['run_id']}")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from sandflow.cli import app
-from tests.flows.conftest import tiny_tasks, write_tasks
+from tests.flows.conftest import new_run_id, tiny_tasks, write_tasks
 
 runner = CliRunner(env={"COLUMNS": "200"})
 
@@ -52,3 +53,19 @@ def test_bad_input_gets_one_clear_sentence(tmp_path: Path) -> None:
     (tmp_path / "wh").mkdir()
     res = runner.invoke(app, ["flows", "report", "--run-id", "nope", "--warehouse", str(tmp_path / "wh")])
     assert res.exit_code == 1 and "run 'nope' has no episodes" in res.output
+
+
+def test_run_ends_by_compacting_its_files_unless_told_not_to(tmp_path: Path, model: Any) -> None:
+    """`flows run` merges a run's per-episode files at its end and says so; --no-compact keeps them."""
+    ts = write_tasks(tmp_path / "t.parquet", tiny_tasks(3))
+    common = ["--mode", "llm", "--base-url", model.url, "--model", "scripted", "--warehouse", str(tmp_path / "wh")]
+
+    res = runner.invoke(app, ["flows", "run", str(ts), "--run-id", new_run_id("cmp"), *common])
+    assert res.exit_code == 0, res.output
+    assert "3 recorded" in res.output and "compacted 6 files (episodes 3, turns 3)" in res.output
+
+    rid = new_run_id("nocmp")
+    res = runner.invoke(app, ["flows", "run", str(ts), "--run-id", rid, "--no-compact", *common])
+    assert res.exit_code == 0, res.output
+    assert "compacted" not in res.output
+    assert len(list((tmp_path / "wh" / "episodes" / f"run_id={rid}").glob("*.parquet"))) == 3
