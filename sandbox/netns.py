@@ -240,9 +240,21 @@ _REAPER: threading.Thread | None = None
 _WANTED = False  # a holder went idle since the reaper last looked
 
 
+def _engine_key(api: Any) -> str:
+    """Which engine `api` talks to. base_url alone is not enough: every unix socket's client
+    has base_url http+docker://localhost, so two engines on two sockets would share holders
+    (and a sandbox on one would be told to join a container of the other)."""
+    try:
+        adapter = api.get_adapter(api.base_url)
+    except Exception:  # noqa: BLE001 - no adapter: base_url is all we know
+        adapter = None
+    where = getattr(adapter, "socket_path", None) or getattr(adapter, "base_url", None) or ""
+    return f"{api.base_url}|{where}"
+
+
 def pool_for(api: Any, image: str) -> HolderPool:
     """The pool of this process for the engine behind `api` and `image`."""
-    key = (str(api.base_url), image)
+    key = (_engine_key(api), image)
     with _LOCK:
         pool = _POOLS.get(key)
         if pool is None:
