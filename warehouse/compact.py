@@ -108,6 +108,8 @@ def _plan(table: str, infos: list[FileInfo], kept: dict[str, str]) -> str:
             if table == "turns" and eid in kept and wid < kept[eid]:
                 continue  # a superseded attempt
             chosen.append((eid, wid, i))
+        if not chosen:  # every file is a superseded attempt: merge them into no rows
+            return f"SELECT * FROM ({projected_source(table, infos)}) s WHERE false"
         chosen.sort(key=lambda c: (c[0], c[1]))
         return projected_source(table, [c[2] for c in chosen])
     src = projected_source(table, infos)

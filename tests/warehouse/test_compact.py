@@ -167,3 +167,21 @@ def test_pending_deletes_counts_files_kept_for_an_open_session(tmp_path: Path) -
     for table in ("episodes", "turns", "scores"):
         names = [p.name for p in (tmp_path / table / "run_id=r1").glob("*.parquet")]
         assert len(names) == 1 and names[0].startswith("compacted-"), names
+
+
+def test_a_run_whose_only_turns_are_superseded_compacts(tmp_path: Path) -> None:
+    """An episode re-recorded with no turns (a sandbox that failed to start on the retry)
+    leaves only a superseded attempt's turns file: compaction drops it, never fails."""
+    wh = Warehouse(tmp_path)
+    ep, turns = make_episode("r1", "t0", turns=3)
+    with wh.writer(durability="flush") as w:
+        record(w, ep, turns)
+    again, _ = make_episode("r1", "t0", turns=0, termination="sandbox_error", answer=None)
+    with wh.writer(durability="flush") as w:
+        record(w, again, [])
+    res = wh.compact("r1")
+    assert res.files_before == {"episodes": 1, "turns": 1}  # an episode file is replaced per key
+    assert res.rows_after == {"episodes": 1, "turns": 0}
+    with wh.query(run_id="r1") as q:
+        assert q.rows("SELECT termination, num_turns FROM episodes") == [("sandbox_error", 0)]
+        assert q.rows("SELECT count(*) FROM _raw_turns") == [(0,)]
