@@ -67,6 +67,13 @@ if [ $WITH_ENGINE = 1 ]; then
     command -v dockerd >/dev/null 2>&1 || apt_install docker.io
     is_root || die "No Docker engine answers and starting one needs root. Run: sudo bash scripts/setup.sh (or point DOCKER_HOST at a running engine)."
     if [ -n "${DOCKER_HOST:-}" ]; then die "DOCKER_HOST=$DOCKER_HOST does not answer."; fi
+    # After a crashed dockerd, its containerd can linger as a zombie whose pid file a new
+    # dockerd takes for a live containerd (it then waits on a dead socket): clear that file.
+    cpid=/var/run/docker/containerd/containerd.pid
+    if [ -f $cpid ]; then
+      st=$(awk '/^State:/{print $2}' "/proc/$(cat $cpid 2>/dev/null)/status" 2>/dev/null || true)
+      case "$st" in ""|Z|X) rm -f $cpid ;; esac
+    fi
     say "starting dockerd (log: /var/log/sandflow-dockerd.log)"
     nohup dockerd >/var/log/sandflow-dockerd.log 2>&1 &
     for _ in $(seq 1 60); do timeout 5 docker info >/dev/null 2>&1 && break; sleep 1; done
