@@ -16,6 +16,7 @@ The last line printed is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -25,6 +26,7 @@ import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -48,14 +50,14 @@ def timed(fn: Callable[[], object]) -> float:
 
 def config(backend: str = "docker") -> SandboxConfig:
     return SandboxConfig(
-        backend=backend,  # type: ignore[arg-type]
+        backend=backend,
         run_id=RUN_ID,
         episode_id="bench",
         limits=SandboxLimits(memory_mb=1024, tmp_size_mb=256),
     )
 
 
-def bench_start_close(client, n: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def bench_start_close(client: Any, n: int) -> dict[str, float]:
     """Interleave SDK containers.run with our open_sandbox; our close timed on its own."""
     floor, ours, close, rm_floor = [], [], [], []
     labels = {"sandflow.bench": "floor"}  # not a sandflow sandbox label: gc never sees it
@@ -65,7 +67,7 @@ def bench_start_close(client, n: int) -> dict[str, float]:  # type: ignore[no-un
             DEFAULT_SPEC.tag, ["sleep", "infinity"], detach=True, labels=labels, network_mode="none"
         )
         d_floor = time.perf_counter() - t
-        d_rm = timed(lambda c=c: c.remove(force=True))
+        d_rm = timed(functools.partial(c.remove, force=True))
         t = time.perf_counter()
         sb = open_sandbox(config())
         d_ours = time.perf_counter() - t
@@ -83,7 +85,7 @@ def bench_start_close(client, n: int) -> dict[str, float]:  # type: ignore[no-un
     }
 
 
-def bench_exec(client, n: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def bench_exec(client: Any, n: int) -> dict[str, float]:
     c = client.containers.run(
         DEFAULT_SPEC.tag,
         ["sleep", "infinity"],
@@ -108,7 +110,7 @@ def bench_exec(client, n: int) -> dict[str, float]:  # type: ignore[no-untyped-d
         c.remove(force=True)
 
 
-def bench_files(client, n: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def bench_files(client: Any, n: int) -> dict[str, float]:
     """10 MB of random bytes: ours (write_file + read_file through the helper) vs the
     engine's own archive API (put_archive + get_archive) on a plain container's filesystem."""
     data = os.urandom(FILE_MB * 1024 * 1024)
@@ -160,7 +162,7 @@ def bench_bwrap(n_start: int, n_exec: int) -> dict[str, float]:
         d = time.perf_counter() - t
         if i == 0:
             for _ in range(n_exec):
-                execs.append(timed(lambda sb=sb: sb.exec("true")))
+                execs.append(timed(functools.partial(sb.exec, "true")))
         c = timed(sb.close)
         if i:
             starts.append(d)
@@ -217,7 +219,7 @@ def main() -> None:
         table.add_column(col)
 
     def ms(key: str) -> str:
-        return f"{float(fig[key]) * 1000:.1f} ms"  # type: ignore[arg-type]
+        return f"{float(fig[key]) * 1000:.1f} ms"
 
     rows = [
         (
@@ -251,8 +253,8 @@ def main() -> None:
             floor,
             f"{float(value):.3f}",
             target,
-            "[green]yes[/green]" if value <= limit else "[red]no[/red]",
-        )  # type: ignore[operator, arg-type]
+            "[green]yes[/green]" if float(value) <= float(limit) else "[red]no[/red]",
+        )
     if not args.no_bwrap:
         table.add_row(
             "bwrap start / exec / close",
