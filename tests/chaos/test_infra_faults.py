@@ -221,25 +221,20 @@ def private_engine(sandbox_image: str, tmp_path_factory: pytest.TempPathFactory)
         eng.remove_bridge()
 
 
-def _xfail_if_holder_pools_mix_engines(engine: PrivateEngine, image: str) -> None:
-    """Known bug, probed rather than assumed: sandbox/netns.py keys its network-namespace
-    holder pools by the SDK's `api.base_url`, which is "http+docker://localhost" for EVERY
-    unix socket. A process that used the host's engine and then the private one gets the
-    host engine's pool: each sandbox start on the private engine names a holder the private
-    engine does not have (404 "No such container"), and every episode fails. This test alone
-    holds; after any docker test in the same process it hit this. Fix: key pools by the
-    engine's socket path / DOCKER_HOST, not base_url."""
+def _assert_holder_pools_do_not_mix_engines(engine: PrivateEngine, image: str) -> None:
+    """Regression check: network-namespace holder pools were once keyed by the SDK's
+    `api.base_url`, which is "http+docker://localhost" for EVERY unix socket, so after any
+    docker test in the same process the private engine got the host engine's holders and
+    every sandbox start failed with 404. Pools are now keyed by the engine's socket."""
     import docker
 
     from sandbox import netns
 
     private = docker.APIClient(base_url=engine.host, timeout=20)
     pool = netns.pool_for(private, image)
-    if pool.api is not private and pool.api.info().get("DockerRootDir") != private.info().get("DockerRootDir"):
-        pytest.xfail(
-            "sandbox/netns.py: holder pools keyed by api.base_url (the same for every unix "
-            "socket): the host engine's pool was handed out for the private engine"
-        )
+    assert pool.api is private or pool.api.info().get("DockerRootDir") == private.info().get(
+        "DockerRootDir"
+    ), "the host engine's netns holder pool was handed out for the private engine"
 
 
 @pytest.mark.slow
@@ -249,7 +244,7 @@ def test_engine_restart_mid_run(
     import docker
 
     monkeypatch.setenv("DOCKER_HOST", private_engine.host)
-    _xfail_if_holder_pools_mix_engines(private_engine, sandbox_image)
+    _assert_holder_pools_do_not_mix_engines(private_engine, sandbox_image)
     ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(4))
     wh = tmp_path / "wh"
     rid = chaos_run_id("engine-restart")
