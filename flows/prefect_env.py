@@ -31,6 +31,12 @@ PREFECT_DEFAULTS: dict[str, str] = {
     "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "2.0",
     # Episode results live in the warehouse, not in Prefect's result store.
     "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
+    # Dask workers sample every thread's stack every 10 ms (sys._current_frames). On
+    # CPython 3.11 that can deadlock the whole worker: the call holds the runtime lock
+    # while allocating frames, a GC pass it triggers frees a threading.local, and its
+    # dealloc waits for the same lock with the GIL held (every thread stops for good; seen
+    # as a Dask load run stalled at 184/200 with idle CPUs). Episodes don't need the profiler.
+    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
     # Offline hosts: Hugging Face loaders must fail at once, not retry for 23 s.
     "HF_DATASETS_OFFLINE": "1",
     "HF_HUB_OFFLINE": "1",

@@ -371,6 +371,11 @@ def make_task_runner(kind: str = "thread", concurrency: int = 4, dask_address: s
 
         if dask_address:
             return DaskTaskRunner(address=dask_address)
+        import dask
+
+        # in case dask was imported before flows set its environment (flows/prefect_env.py
+        # says why); a Nanny hands its config to the worker process it starts
+        dask.config.set({"distributed.worker.profile.enabled": False})
         return DaskTaskRunner(
             cluster_kwargs={
                 "n_workers": 2,

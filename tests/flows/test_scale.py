@@ -34,7 +34,7 @@ BIN = Path(sys.executable).parent
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_harness", "docker_image")
 def test_dask_cluster_runs_a_benchmark(tmp_path: Path, model: ScriptedModel) -> None:
-    from distributed import LocalCluster
+    from distributed import Client, LocalCluster
 
     from sandflow.cli import app
     from warehouse.query import connect
@@ -47,6 +47,11 @@ def test_dask_cluster_runs_a_benchmark(tmp_path: Path, model: ScriptedModel) -> 
         address = cluster.scheduler_address
         assert address.startswith("tcp://127.0.0.1:")
         worker_pids = {w.pid for w in cluster.workers.values()}
+        with Client(cluster) as client:
+            callbacks = client.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks))
+        # importing flows turns the workers' stack profiler off: on CPython 3.11 it can
+        # deadlock a worker for good (flows/prefect_env.py)
+        assert callbacks and all("profile" not in cbs for cbs in callbacks.values()), callbacks
         res = CliRunner(env={"COLUMNS": "300"}).invoke(
             app,
             ["flows", "run", str(ts), "--base-url", model.url, "--model", "scripted", "--warehouse", str(wh),
