@@ -172,6 +172,10 @@ def episode_row(
         "written_at": written_at or now_utc(),
         "reasoning_tokens": ep.reasoning_tokens,
         "answer_source": ep.answer_source,
+        "training_run": ep.training_run,
+        "training_step": ep.training_step,
+        "policy_version": ep.policy_version,
+        "token_ids_status": ep.token_ids_status,
     }
 
 

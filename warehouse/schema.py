@@ -117,6 +117,12 @@ EPISODES = pa.schema(
         pa.field("written_at", _TS),
         pa.field("reasoning_tokens", pa.int64()),
         pa.field("answer_source", pa.string()),  # answer_file | submit_argument | last_message | reply
+        # RL rollouts (NULL for other runs and in older files): the trainer's run, step
+        # and policy version, and whether the turns' token ids form one exact sequence.
+        pa.field("training_run", pa.string()),
+        pa.field("training_step", pa.int64()),
+        pa.field("policy_version", pa.string()),
+        pa.field("token_ids_status", pa.string()),  # exact | missing | mismatch at turn N: why
     ]
 )
 
