@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from datasets_prep.task import Task
+from datasets_prep.task import Task, check_runnable
 from sandbox.base import Sandbox, SandboxConfig, SandboxError
 from tasks.answers import extract_answer
 from tasks.model import ContextLengthError, ModelClient, ModelConfig, ModelError, ModelReply
@@ -351,7 +351,11 @@ def _prepare(
 
 
 def _check_task(task: Task) -> None:
-    """Bad input is the caller's error: say which task and which file, before starting."""
+    """Bad input is the caller's error: say which task and which file, before starting.
+
+    The task is re-validated whoever built it (`Task.model_construct` skips validation):
+    names, sizes, UTF-8, and no secret of the environment goes into a sandbox or a record."""
+    check_runnable(task)
     for name, data in task.input_files.items():
         parts = Path(name).parts
         if not name or name.startswith("/") or ".." in parts:

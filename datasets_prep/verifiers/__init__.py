@@ -16,7 +16,13 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from datasets_prep.verifiers import choice, instruct, judge, mathv, numeric, text  # noqa: F401  (register)
-from datasets_prep.verifiers.base import DESCRIPTIONS, REGISTRY, VerifierError, VerifierResult
+from datasets_prep.verifiers.base import (
+    DESCRIPTIONS,
+    GOLD_CHECKS,
+    REGISTRY,
+    VerifierError,
+    VerifierResult,
+)
 
 if TYPE_CHECKING:
     from datasets_prep.task import Task
@@ -74,6 +80,28 @@ def get(name: str) -> Any:
         raise VerifierError(f"unknown verifier {name!r}; known: auto, {', '.join(sorted(REGISTRY))}") from None
 
 
+def check_ground_truth(task: Task, verifier: str | None = None) -> str:
+    """Raise VerifierError when the verifier that would score `task` (by name, or the one
+    `auto` picks) is unknown or cannot use its ground truth; return the verifier's name.
+
+    Task validation calls this, so a ground truth no verifier can use (a nested dict, a
+    letter outside the options, ...) is refused when the task set is prepared, not
+    discovered as a silent 0 after the episodes ran. Scoring runs the same check first."""
+    explicit = verifier not in (None, "", "auto")
+    name = str(verifier) if explicit else choose(task)
+    get(name)
+    gold = GOLD_CHECKS.get(name)
+    if gold is not None:
+        try:
+            gold(task.ground_truth, task)
+        except VerifierError as e:
+            how = "" if explicit or (task.verifier and task.verifier != "auto") else (
+                f" (picked for qa_type {task.qa_type!r})" if task.qa_type else f" (picked for domain {task.domain!r})"
+            )
+            raise VerifierError(f"ground_truth: the {name!r} verifier{how} cannot use it: {e}") from None
+    return name
+
+
 def score(task: Task, answer: Any, verifier: str | None = None) -> VerifierResult:
     """Score one answer for one task. `verifier=None` or "auto" picks by the task.
 
@@ -84,4 +112,13 @@ def score(task: Task, answer: Any, verifier: str | None = None) -> VerifierResul
     return fn(answer, task.ground_truth, task)
 
 
-__all__ = ["VerifierResult", "VerifierError", "score", "choose", "available", "get", "REGISTRY"]
+__all__ = [
+    "VerifierResult",
+    "VerifierError",
+    "score",
+    "check_ground_truth",
+    "choose",
+    "available",
+    "get",
+    "REGISTRY",
+]
