@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from datasets_prep import limits as L
+from datasets_prep.limits import human_bytes as human_bytes  # re-exported (cli, callers)
 from datasets_prep.paths import name_problem
 from datasets_prep.verifiers.base import VerifierError
 
