@@ -21,6 +21,9 @@ Ready-made views (the common questions)
   timeouts         commands that timed out, slowest first
   errors           episodes by termination reason, with an example error
 
+Nightly lineage and statistics (warehouse/series.py; docs/statistics.md)
+  episode_outcomes, run_series, nightly_diff, flaky_tasks, pass_at_k
+
 The raw files are reachable as ``_raw_<table>`` (every attempt, every batch).
 """
 
@@ -42,6 +45,7 @@ from warehouse.journal import is_live, read_journal
 from warehouse.layout import Layout
 from warehouse.recovery import recovered_journals
 from warehouse.schema import TABLES, empty_table, schema_for
+from warehouse.series import SERIES_VIEW_HELP, SERIES_VIEWS
 from warehouse.validate import BadFile, FileInfo, FilesVanished, quarantine, validate_files
 
 log = logging.getLogger(__name__)
@@ -313,6 +317,10 @@ VIEW_HELP: dict[str, str] = {
     "timeouts": "commands that timed out, slowest first",
     "errors": "episodes by termination reason with an example error",
 }
+
+# Nightly lineage and statistics views: created after the ones above, which they read.
+READY_VIEWS.update(SERIES_VIEWS)
+VIEW_HELP.update(SERIES_VIEW_HELP)
 
 
 @dataclass

@@ -86,6 +86,10 @@ RUNS = pa.schema(
         pa.field("sandflow_version", pa.string()),
         pa.field("notes", pa.string()),
         pa.field("written_at", _TS),
+        # Lineage (NULL in older files): runs of one series, task set (dataset_hash) and
+        # model are compared night to night (the run_series / nightly_diff views).
+        pa.field("series", pa.string()),  # the deployment or --series name; NULL: ad hoc
+        pa.field("image_id", pa.string()),  # the sandbox image's engine id (sha256:...)
     ]
 )
 
