@@ -76,3 +76,38 @@ def test_sandflow_serve_foreground_and_ctrl_c() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_call_whose_client_left_stops_and_tokens_are_capped_by_the_server() -> None:
+    """llama-cpp-python alone keeps generating for a client that timed out, and the retry
+    waits behind it. The embedded server stops at the client's disconnect and caps
+    max_tokens itself."""
+    import time
+
+    import httpx
+
+    with LocalModelServer(max_tokens_cap=48) as server:
+        url = f"{server.base_url}/chat/completions"
+        endless = {
+            "model": server.alias,
+            "messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
+            "max_tokens": 1_000_000,  # asks for more than the cap
+            "temperature": 0,
+            "logit_bias": {"0": -100, "2": -100},  # no end-of-text: only a bound can stop it
+        }
+        reply = httpx.post(url, json=endless, timeout=300).json()
+        assert reply["usage"]["completion_tokens"] == 48  # the server's cap, not the request's
+        assert "client left" not in server.log_tail(4000)  # an answered call is not "cancelled"
+
+    with LocalModelServer(max_tokens_cap=100_000) as server:
+        url = f"{server.base_url}/chat/completions"
+        endless["max_tokens"] = 100_000
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url, json=endless, timeout=3)
+        deadline = time.monotonic() + 120
+        while "client left; generation stopped" not in server.log_tail(4000):
+            assert time.monotonic() < deadline, server.log_tail(2000)
+            time.sleep(0.2)
+        # the server is free again: a short call is answered, not queued behind 100k tokens
+        short = {"model": server.alias, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+        assert httpx.post(url, json=short, timeout=120).json()["usage"]["completion_tokens"] <= 4
