@@ -16,7 +16,14 @@ import pytest
 from rl.env import InfraError, SandboxEnv
 from rl.recording import RolloutTags
 from tasks.loop import Limits
-from tests.rl.conftest import WRITE_ANSWER, math_task, new_run_id, read_episodes, read_turns, sandbox_cfg
+from tests.rl.conftest import (
+    WRITE_ANSWER,
+    math_task,
+    new_run_id,
+    read_episodes,
+    read_turns,
+    sandbox_cfg,
+)
 from tests.scripted_model import ToyTokenizer
 
 
@@ -27,8 +34,14 @@ def hermes(name: str, args: dict) -> str:
 def test_raw_text_and_openai_turns_reward_and_warehouse_tags(tmp_path: Path) -> None:
     run_id = new_run_id("env")
     tags = RolloutTags(training_run="grpo-7", step=12, policy_version="v12")
-    env = SandboxEnv(sandbox=sandbox_cfg(), warehouse=tmp_path, tags=tags, run_id=run_id,
-                     durability="flush", policy="qwen-test")
+    env = SandboxEnv(
+        sandbox=sandbox_cfg(),
+        warehouse=tmp_path,
+        tags=tags,
+        run_id=run_id,
+        durability="flush",
+        policy="qwen-test",
+    )
     task = math_task()
     first = env.reset(task)
     assert [m["role"] for m in first] == ["system", "user"]
@@ -36,7 +49,12 @@ def test_raw_text_and_openai_turns_reward_and_warehouse_tags(tmp_path: Path) -> 
     assert "/testbed/documents/notes.txt" in first[1]["content"]
 
     # 1. raw text, two calls in one turn, with reasoning first
-    text = "<think>compute it</think>Let me look.\n" + hermes("execute_bash", {"command": "cat /testbed/documents/notes.txt"}) + "\n" + hermes("execute_bash", WRITE_ANSWER)
+    text = (
+        "<think>compute it</think>Let me look.\n"
+        + hermes("execute_bash", {"command": "cat /testbed/documents/notes.txt"})
+        + "\n"
+        + hermes("execute_bash", WRITE_ANSWER)
+    )
     out = env.step(text)
     assert not out.done and out.reward == 0.0
     assert [m["role"] for m in out.observations] == ["tool", "tool"]
@@ -51,8 +69,15 @@ def test_raw_text_and_openai_turns_reward_and_warehouse_tags(tmp_path: Path) -> 
     assert "did not call a tool" in out.observations[0]["content"]
 
     # 3. an OpenAI message with a structured call
-    out = env.step({"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c9", "type": "function", "function": {"name": "submit", "arguments": "{}"}}]})
+    out = env.step(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c9", "type": "function", "function": {"name": "submit", "arguments": "{}"}}
+            ],
+        }
+    )
     assert out.done and out.reward == 1.0
     assert out.observations == [{"role": "tool", "tool_call_id": "c9", "content": "Submitted."}]
     assert out.info["termination"] == "submitted" and out.info["answer"] == "42"
@@ -76,8 +101,13 @@ def test_token_ids_recorded_exactly_or_the_episode_says_why(tmp_path: Path) -> N
     run_id = new_run_id("env-tokens")
     for drop_reasoning, expect in ((False, "exact"), (True, "mismatch at turn 1")):
         tok = ToyTokenizer(drop_reasoning=drop_reasoning)
-        env = SandboxEnv(sandbox=sandbox_cfg(), warehouse=tmp_path, run_id=run_id, durability="flush",
-                         tags=RolloutTags(training_run="t", step=1, policy_version="p"))
+        env = SandboxEnv(
+            sandbox=sandbox_cfg(),
+            warehouse=tmp_path,
+            run_id=run_id,
+            durability="flush",
+            tags=RolloutTags(training_run="t", step=1, policy_version="p"),
+        )
         history = env.reset(math_task())
         turns = ["<think>a</think>" + hermes("execute_bash", WRITE_ANSWER), hermes("submit", {})]
         sent = []
@@ -85,26 +115,37 @@ def test_token_ids_recorded_exactly_or_the_episode_says_why(tmp_path: Path) -> N
             prompt = tok.render(history)
             completion = tok.completion(text, [])
             lps = [tok.logprob(t, i) for i, t in enumerate(completion)]
-            out = env.step(text, prompt_token_ids=prompt, completion_token_ids=completion, logprobs=lps)
+            out = env.step(
+                text, prompt_token_ids=prompt, completion_token_ids=completion, logprobs=lps
+            )
             sent.append((prompt, completion, lps))
             history = [*history, {"role": "assistant", "content": text}, *out.observations]
         assert out.done and out.reward == 1.0
-        ep = next(e for e in read_episodes(tmp_path, run_id) if e["episode_id"] == out.info["episode_id"])
+        ep = next(
+            e for e in read_episodes(tmp_path, run_id) if e["episode_id"] == out.info["episode_id"]
+        )
         assert ep["token_ids_status"].startswith(expect), ep["token_ids_status"]
         stored = [t for t in read_turns(tmp_path, run_id) if t["episode_id"] == ep["episode_id"]]
-        assert [(t["prompt_token_ids"], t["completion_token_ids"], t["completion_logprobs"]) for t in stored] == [
-            (p, c, lp) for p, c, lp in sent
-        ]
+        assert [
+            (t["prompt_token_ids"], t["completion_token_ids"], t["completion_logprobs"])
+            for t in stored
+        ] == [(p, c, lp) for p, c, lp in sent]
         assert [t["prompt_tokens"] for t in stored] == [len(p) for p, _, _ in sent]
 
 
 def test_limits_end_the_episode_with_their_reason(tmp_path: Path) -> None:
-    env = SandboxEnv(sandbox=sandbox_cfg(), limits=Limits(max_steps=2, max_observation_chars=300),
-                     run_id=new_run_id("env-limits"))
+    env = SandboxEnv(
+        sandbox=sandbox_cfg(),
+        limits=Limits(max_steps=2, max_observation_chars=300),
+        run_id=new_run_id("env-limits"),
+    )
     env.reset(math_task())
     out = env.step(hermes("execute_bash", {"command": "yes abcdefgh | head -c 5000"}))
     assert not out.done
-    assert len(out.observations[0]["content"]) < 400 and "<response clipped" in out.observations[0]["content"]
+    assert (
+        len(out.observations[0]["content"]) < 400
+        and "<response clipped" in out.observations[0]["content"]
+    )
     out = env.step("still thinking")
     assert out.done and out.info["termination"] == "max_steps"
     assert out.reward == 0.0 and out.info["reward_reason"]

@@ -30,10 +30,15 @@ def _call(name: str, args: dict) -> str:
 def test_skyrl_generator_drives_an_episode_to_its_reward(tmp_path: Path) -> None:
     env_id = register()
     run_id = new_run_id("skyrl")
-    cfg = OmegaConf.create({
-        "warehouse": str(tmp_path), "run_id": run_id, "training_run": "skyrl-run",
-        "policy_version": "w3", "sandbox": {"limits": {"network": "none", "memory_mb": 512}},
-    })
+    cfg = OmegaConf.create(
+        {
+            "warehouse": str(tmp_path),
+            "run_id": run_id,
+            "training_run": "skyrl-run",
+            "policy_version": "w3",
+            "sandbox": {"limits": {"network": "none", "memory_mb": 512}},
+        }
+    )
     row = _row()
     extras = {k: v for k, v in row.items() if k != "prompt"} | {"max_turns": 5, "training_step": 4}
     env = skyrl_gym.make(env_id, env_config=cfg, extras=extras)
