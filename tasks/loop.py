@@ -355,7 +355,6 @@ def _check_task(task: Task) -> None:
 
     The task is re-validated whoever built it (`Task.model_construct` skips validation):
     names, sizes, UTF-8, and no secret of the environment goes into a sandbox or a record."""
-    check_runnable(task)
     for name, data in task.input_files.items():
         parts = Path(name).parts
         if not name or name.startswith("/") or ".." in parts:
@@ -367,6 +366,7 @@ def _check_task(task: Task) -> None:
             raise ValueError(
                 f"task {task.id!r}: input file {name!r} must be str or bytes, got {type(data).__name__}"
             )
+    check_runnable(task)
 
 
 def _sandbox_config(sandbox_cfg: SandboxConfig | None, record: EpisodeRecord) -> SandboxConfig:
