@@ -8,8 +8,12 @@ work on the same CPU. Two bounds fix that here, both inside the server process:
 - cancel on disconnect: an ASGI middleware reads the request body, then watches the
   connection; when the client leaves, the generation stops at its next token (a
   stopping criterion added to every ``Llama.create_completion`` call of the request);
-- a server-side cap on completion tokens (``--max-tokens-cap``): a request asking for
-  more, or for no limit, gets the cap, so no call can generate for long.
+- a token budget per request: max_tokens, bounded by ``--max-tokens-cap`` (a request
+  asking for more, or for no limit, gets the cap), counted over EVERY generation the
+  request makes. llama-cpp-python's chatml-function-calling handler generates a
+  message or each tool call's arguments with ``max_tokens=None`` (measured: a call
+  asking for 512 tokens generated 3,068 in 190 s), so the request's own max_tokens
+  alone bounds nothing there.
 
 Run as ``python -m tasks.local_model_app --max-tokens-cap N <llama_cpp.server args>``;
 tasks/local_model.py starts it. Prompt evaluation itself is not interruptible (it is
@@ -32,36 +36,56 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# The cancel flag of the request whose generation runs in this context (FastAPI runs the
+
+class RequestBudget:
+    """What one request may still do: stop when its client left or its tokens ran out."""
+
+    def __init__(self, tokens: int) -> None:
+        self.cancel = threading.Event()
+        self.tokens_left = tokens
+        self.exhausted = False
+
+    def stop_now(self) -> bool:
+        """Called once per sampled token, before it is kept (a stopping criterion)."""
+        if self.cancel.is_set():
+            return True
+        self.tokens_left -= 1
+        if self.tokens_left < 0:
+            self.exhausted = True
+            return True
+        return False
+
+
+# The budget of the request whose generation runs in this context (FastAPI runs the
 # blocking llama call in a worker thread with a copy of the request's context).
-_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
-    "sandflow_cancel", default=None
+_BUDGET: contextvars.ContextVar[RequestBudget | None] = contextvars.ContextVar(
+    "sandflow_budget", default=None
 )
 _GENERATING_PATHS = ("/v1/chat/completions", "/v1/completions")
-stats = {"cancelled": 0, "capped": 0}
+stats = {"cancelled": 0, "capped": 0, "exhausted": 0}
 
 
-def cap_body(body: bytes, cap: int) -> tuple[bytes, bool]:
-    """`body` with max_tokens bounded by `cap` (absent, null, <= 0 or larger -> cap).
+def cap_body(body: bytes, cap: int) -> tuple[bytes, bool, int]:
+    """(`body` with max_tokens bounded by `cap`, whether it changed, the request's budget).
 
-    Anything that is not a JSON object is returned unchanged: the server's own
-    validation answers it.
+    Absent, null, <= 0 or larger max_tokens -> cap. Anything that is not a JSON object
+    is returned unchanged (the server's own validation answers it) with the cap as budget.
     """
     try:
         req = json.loads(body)
     except ValueError:
-        return body, False
+        return body, False, cap
     if not isinstance(req, dict):
-        return body, False
+        return body, False, cap
     asked = req.get("max_tokens")
     if isinstance(asked, int) and not isinstance(asked, bool) and 0 < asked <= cap:
-        return body, False
+        return body, False, asked
     req["max_tokens"] = cap
-    return json.dumps(req).encode(), True
+    return json.dumps(req).encode(), True, cap
 
 
 class CancelOnDisconnect:
-    """ASGI middleware: bound max_tokens, and cancel the generation when the client leaves."""
+    """ASGI middleware: a token budget per request, and cancel when the client leaves."""
 
     def __init__(self, app: ASGIApp, max_tokens_cap: int, log: Callable[[str], None] = print):
         self.app = app
@@ -86,7 +110,7 @@ class CancelOnDisconnect:
             chunks.append(msg.get("body", b""))
             if not msg.get("more_body", False):
                 break
-        body, capped = cap_body(b"".join(chunks), self.cap)
+        body, capped, limit = cap_body(b"".join(chunks), self.cap)
         if capped:
             stats["capped"] += 1
             scope = dict(scope)
@@ -94,7 +118,7 @@ class CancelOnDisconnect:
                 (k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"
             ] + [(b"content-length", str(len(body)).encode())]
 
-        cancel = threading.Event()
+        budget = RequestBudget(limit)
         gone = anyio.Event()
         delivered = False
         answered = False  # after the last byte of the answer, a disconnect is no news
@@ -119,9 +143,9 @@ class CancelOnDisconnect:
             if msg["type"] == "http.disconnect":
                 gone.set()
                 if not answered:
-                    cancel.set()
+                    budget.cancel.set()
 
-        token = _CANCEL.set(cancel)
+        token = _BUDGET.set(budget)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
@@ -130,20 +154,24 @@ class CancelOnDisconnect:
                 finally:
                     tg.cancel_scope.cancel()
         finally:
-            _CANCEL.reset(token)
-            if cancel.is_set():
+            _BUDGET.reset(token)
+            if budget.cancel.is_set():
                 stats["cancelled"] += 1
                 self.log(f"sandflow: client left; generation stopped ({scope.get('path')})")
+            elif budget.exhausted:
+                stats["exhausted"] += 1
+                self.log(f"sandflow: request used its {limit} tokens; generation stopped")
 
 
-def _client_gone(*_: Any) -> bool:
-    flag = _CANCEL.get()
-    return flag is not None and flag.is_set()
+def _stop_now(*_: Any) -> bool:
+    budget = _BUDGET.get()
+    return budget is not None and budget.stop_now()
 
 
 def install_cancellation() -> None:
     """Give every Llama.create_completion a stopping criterion that fires when its
-    request's client has left (the chat handlers all generate through it)."""
+    request's client has left or its token budget is spent (the chat handlers all
+    generate through it)."""
     import llama_cpp
 
     original = llama_cpp.Llama.create_completion
@@ -152,7 +180,7 @@ def install_cancellation() -> None:
 
     def create_completion(self: Any, *args: Any, **kwargs: Any) -> Any:
         criteria = kwargs.get("stopping_criteria")
-        extra = llama_cpp.StoppingCriteriaList([_client_gone])
+        extra = llama_cpp.StoppingCriteriaList([_stop_now])
         kwargs["stopping_criteria"] = extra if criteria is None else criteria + extra
         return original(self, *args, **kwargs)
 
