@@ -25,6 +25,23 @@ Nightly lineage and statistics (warehouse/series.py; docs/statistics.md)
   episode_outcomes, run_series, nightly_diff, flaky_tasks, pass_at_k
 
 The raw files are reachable as ``_raw_<table>`` (every attempt, every batch).
+
+Read-only by default. Once the views exist, the connection is closed around the warehouse
+with DuckDB's own settings: ``enable_external_access = false`` with the warehouse root as
+the only ``allowed_directories`` entry (no other host file can be read: read_csv('/etc/
+passwd'), read_text, glob, ATTACH, INSTALL/LOAD all fail), then ``lock_configuration =
+true`` (no SET can undo it). Those settings let DuckDB *write* inside an allowed
+directory (COPY ... TO, EXPORT DATABASE, ATTACH), so every statement is also classified
+by DuckDB's own parser and only those that cannot name a file to write run (SELECT,
+EXPLAIN of those, CREATE / INSERT / DROP ... in the session's in-memory catalog, CALL,
+SET). ``host_files=True`` (`sandflow sql --allow-host-files`) opens a plain DuckDB
+connection for the user's own exports and joins with other files.
+
+A file whose header and footer are fine but whose data pages are corrupt passes the
+snapshot's checks and fails inside a query with an error that may name no file. Such an
+error makes the session read its files in full (validate.verify_data, cached per file) to
+find the culprit; it is then left out like any other bad file (a warning names it,
+``snapshot.bad`` lists it) and the query runs again without it.
 """
 
 from __future__ import annotations
@@ -46,7 +63,15 @@ from warehouse.layout import Layout
 from warehouse.recovery import recovered_journals
 from warehouse.schema import TABLES, empty_table, schema_for
 from warehouse.series import SERIES_VIEW_HELP, SERIES_VIEWS
-from warehouse.validate import BadFile, FileInfo, FilesVanished, quarantine, validate_files
+from warehouse.validate import (
+    BadFile,
+    FileInfo,
+    FilesVanished,
+    named_in,
+    quarantine,
+    validate_files,
+    verify_files,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,6 +87,84 @@ class WarehouseNotFound(WarehouseError):
 
 class WarehouseQueryError(WarehouseError):
     pass
+
+
+class ReadOnlyError(WarehouseQueryError):
+    """A statement that could write a file, refused by the read-only SQL surface."""
+
+
+# Statements that cannot name a file to write (the in-memory catalog is the session's own).
+READ_ONLY_STATEMENTS = frozenset(
+    {
+        "SELECT", "EXPLAIN", "CREATE", "DROP", "ALTER", "INSERT", "UPDATE", "DELETE",
+        "CALL", "SET", "VARIABLE_SET", "TRANSACTION",
+    }
+)  # fmt: skip
+
+_REFUSED_HINT = (
+    "sandflow's SQL is read-only over the warehouse: {what} is not run. Export a result with "
+    "`sandflow sql QUERY --format csv|json|parquet --output FILE` (or Warehouse.query().arrow()"
+    " in Python); for DuckDB with full access to your files (COPY ... TO, other files, "
+    "ATTACH, extensions) pass --allow-host-files (host_files=True)."
+)
+
+
+def _statement_kinds(query: str) -> list[str]:
+    """Each statement's type as DuckDB's own parser sees it (EXPLAIN: the explained one's)."""
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error:
+        return []  # a syntax error: DuckDB reports it when the query runs
+    kinds = []
+    for st in statements:
+        kind = st.type.name
+        if kind == "EXPLAIN":
+            kind = _explained_kind(st.query)
+        kinds.append(kind)
+    return kinds
+
+
+def _explained_kind(text: str) -> str:
+    """The type of the statement an EXPLAIN [ANALYZE] runs (EXPLAIN ANALYZE executes it).
+
+    DuckDB's tokenizer marks keyword positions; the first suffix after the EXPLAIN keyword
+    that DuckDB parses as one statement is the explained one.
+    """
+    keywords = [pos for pos, kind in duckdb.tokenize(text) if kind.name == "keyword"]
+    for pos in keywords[1:]:
+        try:
+            inner = duckdb.extract_statements(text[pos:])
+        except duckdb.Error:
+            continue
+        if len(inner) == 1:
+            kind = inner[0].type.name
+            return _explained_kind(inner[0].query) if kind == "EXPLAIN" else kind
+    return "EXPLAIN"  # nothing else parses: a plain EXPLAIN of what DuckDB will reject
+
+
+def check_read_only(query: str) -> None:
+    """Raise ReadOnlyError if a statement of `query` could write a file."""
+    for kind in _statement_kinds(query):
+        if kind not in READ_ONLY_STATEMENTS:
+            what = {
+                # DuckDB runs such a PIVOT as several statements, which may hide a COPY
+                "MULTI": "a PIVOT without an IN list (name the values: PIVOT ... ON col IN ('a', 'b'))",
+                "PRAGMA": "PRAGMA (use DESCRIBE <view> or CALL pragma_...() instead)",
+            }.get(kind, f"a {kind.replace('_', ' ')} statement")
+            raise ReadOnlyError(_REFUSED_HINT.format(what=what))
+
+
+# DuckDB errors that are about the SQL or the session, never about a file's bytes.
+_NOT_DATA_ERRORS: tuple[type[BaseException], ...] = tuple(
+    getattr(duckdb, name)
+    for name in (
+        "ParserException", "BinderException", "CatalogException", "SyntaxException",
+        "PermissionException", "InterruptException", "OutOfMemoryException",
+        "TransactionException", "ConstraintException", "DependencyException",
+        "ConversionException", "OutOfRangeException", "NotImplementedException",
+    )
+    if hasattr(duckdb, name)
+)  # fmt: skip
 
 
 def _sql_str(s: str) -> str:
@@ -349,6 +452,7 @@ class WarehouseQuery:
         threads: int | None = None,
         memory_limit: str | None = None,
         tables: tuple[str, ...] | None = None,
+        host_files: bool = False,
     ) -> None:
         self.layout = Layout(root)
         if not self.layout.root.is_dir():
@@ -359,6 +463,7 @@ class WarehouseQuery:
             )
         self.run_id = run_id
         self.quarantine = quarantine
+        self.host_files = host_files
         # Only these tables' files are read (others look empty): a cheap connection for
         # callers that need one table, e.g. done_keys on a large uncompacted run.
         self.tables = tuple(tables) if tables else TABLES
@@ -374,9 +479,19 @@ class WarehouseQuery:
         self.snapshot = Snapshot()
         try:
             self.refresh()
+            if not host_files:
+                self._close_around_warehouse()
         except BaseException:
             self.close()
             raise
+
+    def _close_around_warehouse(self) -> None:
+        """DuckDB may read the warehouse and nothing else, and cannot be told otherwise."""
+        roots = {str(self.layout.root), str(self.layout.root.resolve())}
+        allowed = ", ".join(_sql_str(r.rstrip("/") + "/") for r in sorted(roots))
+        self.con.execute(f"SET allowed_directories = [{allowed}]")
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
 
     # ---- building --------------------------------------------------------------------
     def refresh(self) -> Snapshot:
@@ -390,11 +505,15 @@ class WarehouseQuery:
                 return self._build()
             except FilesVanished:
                 continue
-            except duckdb.IOException as exc:
-                if attempt >= 4 or not _vanished(exc):
-                    raise WarehouseQueryError(
-                        f"reading the warehouse failed: {_first_line(exc)}"
-                    ) from None
+            except duckdb.Error as exc:
+                if isinstance(exc, duckdb.IOException) and _vanished(exc) and attempt < 4:
+                    continue
+                listed = [p for t in self.tables for p in self.layout.table_files(t, self.run_id)]
+                if attempt < 4 and self._left_out_corrupt(exc, listed):
+                    continue  # validate_files now leaves the corrupt file(s) out
+                raise WarehouseQueryError(
+                    f"reading the warehouse failed: {_first_line(exc)}"
+                ) from None
         raise WarehouseQueryError(
             f"{self.layout.root}: files kept changing while the views were built "
             "(a compaction loop?); try again"
@@ -545,32 +664,62 @@ class WarehouseQuery:
         """A lazy DuckDB relation (compose it, then .arrow() / .df() / .fetchall()).
 
         Errors in the SQL raise WarehouseQueryError here; prefer `rows` / `arrow` /
-        `execute`, which also retry once if a file vanished under a concurrent compaction.
+        `execute`, which also retry if a file vanished under a concurrent compaction or
+        turned out to be corrupt (left out, with a warning).
         """
-        if not query or not query.strip():
-            raise WarehouseQueryError("empty SQL query")
+        self._admit(query)
         try:
             return self.con.sql(query)
         except duckdb.Error as exc:
             raise WarehouseQueryError(self._explain(query, exc)) from None
 
-    def _retrying(self, query: str, run: Callable[[], T]) -> T:
-        """Run `run`; if a file vanished under a concurrent compaction, re-list and retry."""
+    def _admit(self, query: str) -> None:
         if not query or not query.strip():
             raise WarehouseQueryError("empty SQL query")
-        for attempt in range(3):
+        if not self.host_files:
+            check_read_only(query)
+
+    def _retrying(self, query: str, run: Callable[[], T]) -> T:
+        """Run `run`; if a file vanished under a concurrent compaction, or a file's data
+        pages turn out to be corrupt (left out from now on), re-list and retry."""
+        self._admit(query)
+        for attempt in range(4):
             try:
                 return run()
             except duckdb.IOException as exc:
-                if attempt < 2 and _vanished(exc):
+                if attempt < 3 and _vanished(exc):
+                    self.refresh()
+                    continue
+                if attempt < 3 and self._left_out_corrupt(exc):
                     self.refresh()
                     continue
                 raise WarehouseQueryError(
                     f"reading the warehouse failed: {_first_line(exc)}"
                 ) from None
             except duckdb.Error as exc:
+                if attempt < 3 and self._left_out_corrupt(exc):
+                    self.refresh()
+                    continue
                 raise WarehouseQueryError(self._explain(query, exc)) from None
         raise AssertionError("unreachable")
+
+    def _left_out_corrupt(self, exc: BaseException, files: list[Path] | None = None) -> bool:
+        """After a DuckDB error that may come from a file's bytes: find the file(s) whose
+        data pages do not decode among `files` (default: the snapshot's), so the next build
+        leaves them out (validate's cache marks them bad). True if any was found."""
+        if isinstance(exc, _NOT_DATA_ERRORS):
+            return False
+        if files is None:
+            infos = {t: [f.path for f in fs] for t, fs in self.snapshot.files.items()}
+        else:
+            infos = {"": files}
+        found: list[BadFile] = []
+        for table, paths in infos.items():
+            named = named_in(exc, paths)  # DuckDB names the file in some errors: read it first
+            found += verify_files(named, table) or verify_files(paths, table)
+        for b in found:
+            log.warning("warehouse: leaving out %s (found while a query failed)", b)
+        return bool(found)
 
     def execute(self, query: str) -> duckdb.DuckDBPyConnection:
         """Run SQL now; fetch from the returned cursor (fetchall / fetchmany / description)."""
