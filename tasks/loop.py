@@ -612,6 +612,8 @@ class _Episode:
             try:
                 Path(output_dir).mkdir(parents=True, exist_ok=True)
                 self.output_files = sandbox.copy_out(self.prompts.output_dir, output_dir)
+                summary = getattr(self.output_files, "summary", None)  # one account, not N warnings
+                self.record.output_export = summary.as_dict() if summary is not None else None
             except Exception as exc:  # a lost output copy must not hide the episode's result
                 self.record.error = f"{self.record.error or ''} [copying outputs failed: {exc}]".strip()
 

@@ -121,6 +121,9 @@ class EpisodeRecord(BaseModel):
     training_step: int | None = None
     policy_version: str | None = None
     token_ids_status: str | None = None
+    # The output folder's export (sandbox.archive.ExportSummary.as_dict()): files, bytes,
+    # and what was left out, counted per reason with a few names. None when not exported.
+    output_export: dict[str, Any] | None = None
 
     @property
     def is_infra_failure(self) -> bool:

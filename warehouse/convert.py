@@ -176,6 +176,7 @@ def episode_row(
         "training_step": ep.training_step,
         "policy_version": ep.policy_version,
         "token_ids_status": ep.token_ids_status,
+        "output_export": None if ep.output_export is None else dumps(scrub(ep.output_export)),
     }
 
 

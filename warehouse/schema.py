@@ -127,6 +127,8 @@ EPISODES = pa.schema(
         pa.field("training_step", pa.int64()),
         pa.field("policy_version", pa.string()),
         pa.field("token_ids_status", pa.string()),  # exact | missing | mismatch at turn N: why
+        # JSON: the output folder's export: files, bytes, skipped counts per reason + examples
+        pa.field("output_export", pa.string()),
     ]
 )
 
