@@ -35,7 +35,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sandbox import registry
+from sandbox import reaper, registry
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.bwrap_net import RESOLV_CONF, UserNat, read_child_pid, slirp_available
 from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSandbox, privsep
@@ -194,6 +194,7 @@ class BwrapSandbox(HelperSandbox):
         self.nat: UserNat | None = None
         self.state_file: Path | None = None
         t0 = time.perf_counter()
+        reaper.ensure_started(docker=False)  # a kill -9 of ours leaves no cgroup nor state file
         self._start()
         self.start_s = time.perf_counter() - t0
 

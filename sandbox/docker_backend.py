@@ -21,7 +21,7 @@ import contextlib
 import time
 from typing import Any
 
-from sandbox import netns, registry
+from sandbox import netns, reaper, registry
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSandbox, privsep
 from sandbox.deadline import bounded
@@ -100,6 +100,7 @@ class DockerSandbox(HelperSandbox):
         self.labels = make_labels(config, self.backend)
         t0 = time.perf_counter()
         ensure_image(self.client, self.image)
+        reaper.ensure_started(docker=True, docker_host=config.docker_host)  # kill -9 safety
         self._start()
         self.start_s = time.perf_counter() - t0
 
