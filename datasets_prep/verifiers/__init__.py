@@ -70,6 +70,8 @@ def choose(task: Task) -> str:
         return "choice_multi" if "," in gt else "choice_single"
     if isinstance(gt, int | float) and not isinstance(gt, bool):
         return "numeric"
+    if isinstance(gt, dict) and "value" in gt:  # {"value", "unit", "rel_tol"}: a quantity
+        return "numeric"
     return "open"
 
 

@@ -222,7 +222,8 @@ def test_check_runnable_catches_what_model_construct_let_through(monkeypatch):
         ({"ground_truth": {"x": 1}, "qa_type": "multi_choice"}, "must be option letters"),
         ({"ground_truth": {"instruction_id_list": "a"}, "qa_type": "instruction"}, "instruction_id_list must be a non-empty list"),
         ({"ground_truth": {"instruction_id_list": ["a"], "kwargs": [1]}, "qa_type": "instruction"}, "kwargs must be objects"),
-        ({"ground_truth": None, "qa_type": "instruction"}, "instruction ground truth must be"),
+        ({"ground_truth": {"x": 1}, "qa_type": "instruction"}, "instruction ground truth must be"),
+        ({"ground_truth": {"unit": "m"}, "domain": "chem"}, "'open' verifier"),
         ({"verifier": "nope"}, "unknown verifier 'nope'"),
     ],
 )

@@ -199,6 +199,7 @@ def test_instruction_ground_truth_as_peer_json_text():
 def test_auto_choice():
     assert choose(T(domain="math")) == "math"
     assert choose(T(domain="chem", ground_truth="C")) == "choice_single"
+    assert choose(T(domain="chem", ground_truth={"value": 18.015, "unit": "g/mol"})) == "numeric"
     assert choose(T(domain="biomed", ground_truth="A,D")) == "choice_multi"
     assert choose(T(domain="anything", qa_type="Multiple Choice", ground_truth="A,B")) == "choice_multi"
     assert choose(T(domain="physics", ground_truth={"value": 1, "unit": "m"})) == "numeric"
