@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 _SECRET_NAME = re.compile(
@@ -41,6 +42,7 @@ _VALUE_PATTERNS = re.compile(r"(sk-[A-Za-z0-9_\-]{16,}|Bearer\s+[A-Za-z0-9._\-]{
 MASK = "***"
 
 
+@lru_cache(maxsize=4096)  # env and config names repeat: task validation asks per task
 def is_secret_name(name: str) -> bool:
     n = name.lower()
     if n in _SAFE_NAMES or n.endswith("_tokens") or n.endswith("_token_ids"):
