@@ -233,9 +233,10 @@ def execute_run(
         # in its socket only makes them time out; queue them here instead.
         max_model_calls = 1
     if request_timeout_s is None:
-        # llama.cpp keeps computing a request its client gave up on, so a short timeout
-        # plus a retry only doubles the work on a busy CPU: wait longer for it instead.
-        request_timeout_s = 120.0 if base_url else 600.0
+        # The embedded server stops a generation when its client leaves and bounds each
+        # call's tokens (tasks/local_model_app.py): a timed-out call frees it at once, so
+        # its retry no longer queues behind abandoned work and needs no longer wait.
+        request_timeout_s = 120.0
     ts = resolve_taskset(task_set)
     rid = run_id or new_run_id(ts.name)
     specs = plan(list(ts.tasks), rid, mode, samples)
