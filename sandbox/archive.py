@@ -187,6 +187,31 @@ def file_tar(rel_path: str, data: bytes, *, parents: Iterable[str] = ()) -> byte
     return buf.getvalue()
 
 
+def open_checked(path: str, st: os.stat_result, real_root: str) -> IO[bytes]:
+    """Open a host file for copy_in only if it is still the regular file the walk saw and
+    it is inside the copied folder: no final symlink (O_NOFOLLOW; a fifo does not block),
+    the same inode as the walk's lstat, and its own path under /proc/self/fd inside the
+    folder. A file or folder swapped for a symlink after the walk is never followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"copy_in: {path} changed while it was being copied ({exc.strerror})") from None
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise ValueError(f"copy_in: {path} changed while it was being copied")
+        try:
+            actual: str | None = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # no /proc: O_NOFOLLOW and the inode check stand alone
+            actual = None
+        if actual is not None and os.path.commonpath([actual, real_root]) != real_root:
+            raise ValueError(f"copy_in: {path} leads to {actual}, outside {real_root}")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def tree_tar(
     host_dir: Path, prefix: str, limits: CopyLimits
 ) -> tuple[bytes, list[tuple[str, str]]]:
@@ -196,6 +221,7 @@ def tree_tar(
         raise FileNotFoundError(f"copy_in: host folder {root} does not exist or is not a folder")
     skipped: list[tuple[str, str]] = []
     total = files = 0
+    real_root = os.path.realpath(root)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:", format=tarfile.PAX_FORMAT) as tar:
         prefix = prefix.strip("/")
@@ -223,7 +249,7 @@ def tree_tar(
                             f"copy_in: {root} holds more than {limits.max_files} files or "
                             f"{limits.max_bytes} bytes (at {rel})"
                         )
-                    with open(full, "rb") as f:
+                    with open_checked(full, st, real_root) as f:
                         tar.addfile(
                             _info(
                                 rel, size=st.st_size, mode=0o755 if st.st_mode & 0o111 else 0o644

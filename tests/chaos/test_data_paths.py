@@ -220,3 +220,56 @@ def test_run_episode_refuses_a_constructed_task_with_the_key_before_any_sandbox(
         assert model.requests == []
     assert containers_of(run_id) == [] and bwrap_sandboxes_of(run_id) == []
     assert KEY not in everything_under(tmp_path / "wh")
+
+
+# ------------------------------------------------------------- the sandbox's copy_in
+def test_copy_in_never_brings_a_host_file_from_outside(tmp_path: Path, backend: str, test_run_id: str) -> None:
+    from sandbox import SandboxConfig, open_sandbox
+
+    src = tmp_path / "in"
+    (src / "docs").mkdir(parents=True)
+    (src / "docs" / "a.txt").write_text("alpha\n")
+    (src / "passwd").symlink_to("/etc/passwd")
+    (src / "environ").symlink_to("/proc/self/environ")
+    (src / "etc").symlink_to("/etc")  # a folder symlink leaving
+    os.mkfifo(src / "fifo")
+    with open_sandbox(SandboxConfig(backend=backend, run_id=f"{test_run_id}-copyin", episode_id="c")) as sb:  # type: ignore[arg-type]
+        sb.copy_in(src, "/testbed/input")
+        r = sb.exec("cd /testbed/input && find . | sort && cat docs/a.txt && grep -rl 'root:x:0' . | wc -l")
+    assert r.stdout.split() == [".", "./docs", "./docs/a.txt", "alpha", "0"], r.stdout
+
+
+def test_copy_in_refuses_a_file_swapped_for_a_symlink_after_the_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TOCTOU in copy_in's host walk: the walk lstat'ed a regular file; before the open it
+    became a symlink to /etc/passwd (and, one level up, a folder became a symlink)."""
+    from sandbox import archive
+    from sandbox.archive import CopyLimits, tree_tar
+
+    src = tmp_path / "in"
+    (src / "docs").mkdir(parents=True)
+    (src / "docs" / "a.txt").write_text("alpha\n")
+    real_open = archive.open_checked
+
+    def swap_then_open(path: str, st: os.stat_result, real_root: str):  # type: ignore[no-untyped-def]
+        os.unlink(path)
+        os.symlink("/etc/passwd", path)
+        return real_open(path, st, real_root)
+
+    monkeypatch.setattr(archive, "open_checked", swap_then_open)
+    with pytest.raises(ValueError, match="changed while it was being copied"):
+        tree_tar(src, "testbed/input", CopyLimits())
+    monkeypatch.undo()
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "b.txt").write_text("OUTSIDE\n")
+    (src / "docs" / "a.txt").unlink()
+    (src / "docs" / "b.txt").write_text("inside\n")
+    real_root = os.path.realpath(src)
+    st = os.lstat(src / "docs" / "b.txt")
+    os.rename(src / "docs", src / "docs.old")
+    (src / "docs").symlink_to(tmp_path / "elsewhere")  # the folder on the path is now a link
+    with pytest.raises(ValueError, match="changed|outside"):
+        archive.open_checked(str(src / "docs" / "b.txt"), st, real_root)
+    st_out = os.lstat(tmp_path / "elsewhere" / "b.txt")  # even with the outside file's own inode
+    with pytest.raises(ValueError, match="outside"):
+        archive.open_checked(str(src / "docs" / "b.txt"), st_out, real_root)
