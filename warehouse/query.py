@@ -401,6 +401,50 @@ READY_VIEWS: dict[str, str] = {
                any_value(error) FILTER (WHERE error IS NOT NULL) AS example_error
         FROM episodes GROUP BY ALL ORDER BY run_id, episodes DESC
     """,
+    # RL rollouts (rl/): one row per training run x step x policy version, over every
+    # warehouse run that recorded them (the env's and the rollout server's).
+    "rl_steps": """
+        WITH s AS (
+            SELECT run_id, episode_id, score FROM scores
+            QUALIFY row_number() OVER (
+                PARTITION BY run_id, episode_id ORDER BY scored_at DESC, verifier) = 1
+        ), t AS (
+            SELECT run_id, episode_id, sum(num_tool_calls) AS tool_calls FROM turns GROUP BY ALL
+        )
+        SELECT e.training_run, e.training_step, e.policy_version,
+               count(*) AS episodes,
+               count(*) FILTER (WHERE e.is_infra_failure) AS infra_failures,
+               round(avg(s.score) FILTER (WHERE NOT e.is_infra_failure), 4) AS mean_reward,
+               round(avg(e.num_turns), 2) AS avg_turns,
+               round(avg(e.prompt_tokens + e.completion_tokens), 1) AS avg_tokens,
+               round(avg(e.completion_tokens), 1) AS avg_completion_tokens,
+               round(sum(t.tool_calls) / nullif(sum(e.num_turns), 0), 3) AS tool_calls_per_turn,
+               round(avg(CAST(e.termination = 'submitted' AS INTEGER)), 4) AS submitted_rate,
+               round(avg(CAST(e.termination = 'max_steps' AS INTEGER)), 4) AS max_steps_rate,
+               round(avg(CAST(e.termination = 'context_exhausted' AS INTEGER)), 4)
+                   AS context_exhausted_rate,
+               round(avg(CAST(e.token_ids_status = 'exact' AS INTEGER)), 4) AS exact_token_rate
+        FROM episodes e LEFT JOIN s USING (run_id, episode_id) LEFT JOIN t USING (run_id, episode_id)
+        WHERE e.training_run IS NOT NULL
+        GROUP BY ALL ORDER BY e.training_run, e.training_step NULLS FIRST, e.policy_version
+    """,
+    "rl_capability_usage": """
+        WITH tot AS (
+            SELECT training_run, training_step, sum(num_turns) AS turns FROM episodes
+            WHERE training_run IS NOT NULL GROUP BY ALL
+        ), u AS (
+            SELECT DISTINCT e.training_run, e.training_step, u.episode_id, u.turn_index,
+                   u.capability
+            FROM usage u JOIN episodes e USING (run_id, episode_id)
+            WHERE e.training_run IS NOT NULL AND u.capability <> 'none'
+        )
+        SELECT u.training_run, u.training_step, u.capability,
+               count(*) AS turns_with_capability, any_value(tot.turns) AS turns,
+               round(count(*) / nullif(any_value(tot.turns), 0), 4) AS rate
+        FROM u JOIN tot ON u.training_run = tot.training_run
+             AND u.training_step IS NOT DISTINCT FROM tot.training_step
+        GROUP BY ALL ORDER BY u.training_run, u.training_step NULLS FIRST, u.capability
+    """,
 }
 
 VIEW_HELP: dict[str, str] = {
@@ -419,6 +463,8 @@ VIEW_HELP: dict[str, str] = {
     "slow_tools": "tool latency percentiles, time-outs, OOM kills by tool",
     "timeouts": "commands that timed out, slowest first",
     "errors": "episodes by termination reason with an example error",
+    "rl_steps": "RL rollouts by training run x step x policy: reward, turns, tokens, terminations",
+    "rl_capability_usage": "RL rollouts: share of turns using each capability by training step",
 }
 
 # Nightly lineage and statistics views: created after the ones above, which they read.

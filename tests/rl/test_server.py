@@ -166,8 +166,32 @@ def test_batch_streams_exact_trajectories_rewards_and_advantages(
 
     scores = Warehouse(tmp_path / "wh").scores(run_id).to_pylist()
     assert sorted(s["score"] for s in scores) == [0.0, 0.0, 1.0, 1.0]
-    with Warehouse(tmp_path / "wh").query(run_id=run_id) as q:
+    wh = Warehouse(tmp_path / "wh")
+    with wh.query(run_id=run_id) as q:
         assert q.rows("SELECT accuracy FROM accuracy") == [(0.5,)]
+        assert q.rows(
+            "SELECT training_run, training_step, policy_version, episodes, infra_failures, mean_reward,"
+            " avg_turns, tool_calls_per_turn, submitted_rate, exact_token_rate FROM rl_steps"
+        ) == [("grpo-test", 3, "v3", 4, 0, 0.5, 2.0, 1.0, 1.0, 1.0)]
+    # capability usage by training step (labels as the usage flow writes them)
+    wh.write_usage(
+        [
+            {
+                "run_id": run_id,
+                "episode_id": e["episode_id"],
+                "turn_index": 0,
+                "call_index": 0,
+                "capability": "file_management",
+                "tool": "execute_bash",
+                "labeler": "rules-v1",
+            }
+            for e in eps
+        ]
+    )
+    with wh.query(run_id=run_id) as q:
+        assert q.rows(
+            "SELECT training_step, capability, turns_with_capability, turns, rate FROM rl_capability_usage"
+        ) == [(3, "file_management", 4, 8, 0.5)]
 
 
 def test_infra_failures_are_retried_and_never_a_zero_reward(server: str, tmp_path: Path) -> None:
