@@ -32,6 +32,10 @@ def _register() -> None:
     for module in (sandbox_cli, tasks_cli, warehouse_cli, datasets_cli, flows_cli):
         module.register(app)
 
+    from sandflow.viewer import cli as viewer_cli
+
+    viewer_cli.register(app)  # `sandflow view`
+
     from sandflow import rl_cli
 
     rl_cli.register(app)
