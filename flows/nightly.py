@@ -44,8 +44,18 @@ def nightly_flow(
     max_seq_tokens: int | None = None,
     rollouts: bool = True,
     request_timeout_s: float | None = None,
+    series: str | None = None,
+    fail_on_regression: bool = False,
+    alpha: float = 0.05,
 ) -> dict[str, Any]:
-    """Benchmark a model on a task source end to end; returns every step's summary."""
+    """Benchmark a model on a task source end to end; returns every step's summary.
+
+    The run joins the series `series` (default: the deployment's name; ad hoc without
+    one) of its task set and model; the report compares it with the series' previous
+    run. With `fail_on_regression`, a significant drop (Holm-adjusted p < `alpha`) fails
+    this flow run with RegressionFound once the report is written.
+    """
+    series = series or _deployment_name()
     prep = prepare_flow(source=source, warehouse=warehouse)
     runner = make_task_runner(task_runner, concurrency, dask_address)
     run = run_flow.with_options(task_runner=runner)(
@@ -65,6 +75,7 @@ def nightly_flow(
         run_id=run_id,
         network=network,
         request_timeout_s=request_timeout_s,
+        series=series,
     )
     rid = run["run_id"]
     out: dict[str, Any] = {"prepare": prep, "run": run}
@@ -75,8 +86,20 @@ def nightly_flow(
         out["rollouts"] = rollouts_flow(
             run_id=rid, warehouse=warehouse, task_set=prep["task_set"], max_seq_tokens=max_seq_tokens
         )
-    out["report"] = report_flow(run_id=rid, warehouse=warehouse)
+    out["report"] = report_flow(run_id=rid, warehouse=warehouse, alpha=alpha)
+    if fail_on_regression and out["report"].get("regression"):
+        from analysis.nightly_report import RegressionFound
+
+        raise RegressionFound(f"run {rid}: {out['report']['regression']}", out)
     return out
+
+
+def _deployment_name() -> str | None:
+    """The Prefect deployment running this flow (its name is the series), if any."""
+    from prefect.runtime import deployment
+
+    name = deployment.name
+    return str(name) if name else None
 
 
 @flow(name="sandflow-rl-data", log_prints=False)

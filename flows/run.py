@@ -165,6 +165,18 @@ def _check_image(backend: str, image: str | None) -> str | None:
     return tag
 
 
+def _image_id(backend: str, tag: str | None) -> str | None:
+    """The engine's id of the sandbox image (lineage: a rebuilt image under one tag)."""
+    if backend != "docker" or not tag:
+        return None
+    try:
+        import docker
+
+        return str(docker.from_env(timeout=20).images.get(tag).id)
+    except Exception:  # lineage is informative: never fail a run for it
+        return None
+
+
 def _preflight_model(cfg: Any) -> None:
     from tasks.model import ModelClient
 
@@ -208,6 +220,7 @@ def execute_run(
     return_token_ids: bool,
     request_timeout_s: float | None = None,
     compact: bool = True,
+    series: str | None = None,
 ) -> dict[str, Any]:
     """The body of the run flow (must run inside a Prefect flow: it submits tasks)."""
     from prefect.exceptions import TerminationSignal
@@ -292,6 +305,9 @@ def execute_run(
             },
             started_at=(previous or {}).get("started_at"),
             status="running",
+            series=series or (previous or {}).get("series"),
+            image_id=(_image_id(backend, sandbox_image) if "sandbox" in MODES[mode] else None)
+            or (previous or {}).get("image_id"),
         )
         settings = EpisodeSettings(
             model=live_cfg.model_copy(update={"api_key": None}),
@@ -415,6 +431,7 @@ def run_flow(
     return_token_ids: bool = False,
     request_timeout_s: float | None = None,
     compact: bool = True,
+    series: str | None = None,
 ) -> dict[str, Any]:
     """Run a task set against a model in sandbox and/or LLM mode; resumable by run id.
 
