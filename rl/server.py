@@ -109,7 +109,13 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
                 {"error": f"run {batch.run_id!r} is already being rolled out: give another run_id"},
                 status_code=409,
             )
-        _write_run(state["warehouse"], batch)
+        try:
+            _write_run(state["warehouse"], batch)
+        except Exception as exc:  # nothing has started: the trainer can retry
+            return JSONResponse(
+                {"error": f"recording run {batch.run_id!r} in the warehouse failed: {exc}"},
+                status_code=503,
+            )
         state["batches"].add(batch)
         return StreamingResponse(_ndjson(batch, state, cfg), media_type="application/x-ndjson")
 
@@ -187,4 +193,12 @@ def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8765) -> No
     """Run the server in the foreground (Ctrl+C stops it and removes its sandboxes)."""
     import uvicorn
 
-    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
+    # A stopping server waits at most this long for open streams, then cancels them (their
+    # batches' sandboxes are removed); without it, Ctrl+C would wait for every batch to end.
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+    )
