@@ -15,6 +15,7 @@ sandbox declared, and remove the sandbox at once.
 from __future__ import annotations
 
 import json
+import os
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -318,3 +319,28 @@ def test_a_subverted_helper_cannot_make_the_host_allocate_or_stall(
         assert containers_of(run_id) == [] and bwrap_sandboxes_of(run_id) == []
     finally:
         sb.close()
+
+
+def test_the_helper_reads_nothing_for_the_sandbox_it_could_not_read_itself(
+    backend: str, layer: str, tmp_path: Path, test_run_id: str
+) -> None:
+    """The host reads files on the model's behalf (the editor's `view`, the answer file):
+    pointed at PID 1's own /proc files, directly or through symlinks, it gets nothing."""
+    marker = "sandflow-helper-env-" + os.urandom(4).hex()
+    run_id = f"{test_run_id}-deputy-{backend}-{layer}"
+    with open_sandbox(_config(backend, run_id, env={"DEPUTY_MARKER": marker})) as sb:
+        targets = ["/proc/1/environ", "/proc/1/mem", "/proc/1/fd/1", "/proc/self/environ"]
+        links = " && ".join(f"ln -s {t} /testbed/output/l{i}" for i, t in enumerate(targets))
+        sb.exec(f"mkdir -p /testbed/output && {links} && echo 42 > /testbed/output/answer.txt")
+        for path in targets + [f"/testbed/output/l{i}" for i in range(len(targets))]:
+            try:
+                data = sb.read_file(path)
+            except (OSError, ValueError) as e:
+                assert marker not in str(e)
+                continue
+            assert marker.encode() not in data, path  # /proc/self: the reader, not PID 1
+            assert path.endswith(("self/environ", "l3")), f"{path} was readable: {data[:80]!r}"
+        files = sb.copy_out("/testbed/output", tmp_path / "export")
+        assert [p.name for p in files] == ["answer.txt"]
+        assert files.summary.skipped == {"symlink": 4}
+        assert sb.exec("echo alive").stdout == "alive\n"
