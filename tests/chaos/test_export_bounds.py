@@ -138,8 +138,10 @@ def test_700mb_output_streams_within_the_sandbox_memory_limit(
 def test_200000_files_one_summary_on_the_episode(
     backend: str, tmp_path: Path, test_run_id: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Through a real episode: the export stops at the default cap (count, not time), the
-    record carries one structured summary, and one warning is logged, not 100,000."""
+    """Through a real episode: the export stops at the default caps (the count, or the 60 s
+    time bound when the host writes files slowly: a loaded host creates ~2,000/s), the record
+    carries one structured summary that accounts for every entry, and one warning is logged,
+    not 100,000."""
     from tests.chaos.test_sandbox_abuse import _abuse
 
     caplog.set_level(logging.WARNING, "sandflow.sandbox")
@@ -151,10 +153,16 @@ def test_200000_files_one_summary_on_the_episode(
     result = _abuse(backend, [make], tmp_path, rid, timeout_s=300, memory_mb=1024, tmp_size_mb=512)
     summary = result.record.output_export
     assert summary is not None
-    assert summary["files"] == 100_000 and summary["stopped"] == "count", summary
-    assert summary["skipped"] == {"over_count": 100_001} and summary["count_exact"], summary
-    assert len(summary["examples"]["over_count"]) == 5
+    skipped = summary["skipped"]
+    assert summary["stopped"] in ("count", "time") and set(skipped) <= {"over_count", "time_limit"}
+    if summary["stopped"] == "count":
+        assert summary["files"] == 100_000 and skipped == {"over_count": 100_001}, summary
+    if summary["count_exact"]:  # every one of the 200,001 entries is accounted for
+        assert summary["files"] + summary["skipped_total"] == 200_001, summary
+    assert 0 < summary["files"] <= 100_000 and summary["seconds"] <= 60 + 5, summary
+    reason = "over_count" if summary["stopped"] == "count" else "time_limit"
+    assert len(summary["examples"][reason]) == 5
     assert result.record.answer == "42"
     assert len(_copy_out_warnings(caplog)) == 1
     stored = query(tmp_path / "wh", f"SELECT output_export FROM episodes WHERE run_id = '{rid}'")
-    assert json.loads(stored[0][0])["skipped"] == {"over_count": 100_001}
+    assert json.loads(stored[0][0]) == summary
