@@ -87,6 +87,13 @@ def test_raw_text_and_openai_turns_reward_and_warehouse_tags(tmp_path: Path) -> 
     assert (ep["training_run"], ep["training_step"], ep["policy_version"]) == ("grpo-7", 12, "v12")
     assert ep["termination"] == "submitted" and ep["answer"] == "42" and ep["num_turns"] == 3
     assert ep["model"] == "qwen-test" and ep["token_ids_status"] == "missing"
+    from warehouse.store import Warehouse
+
+    with Warehouse(tmp_path).query(run_id=run_id) as q:
+        assert q.rows("SELECT score, verifier FROM scores") == [(1.0, "exact")]
+        assert q.rows(
+            "SELECT training_run, training_step, episodes, mean_reward, avg_turns FROM rl_steps"
+        ) == [("grpo-7", 12, 1, 1.0, 3.0)]
     turns = read_turns(tmp_path, run_id)
     assert turns[0]["assistant_content"] == text  # the text exactly as generated
     assert [c["name"] for c in turns[0]["tool_calls"]] == ["execute_bash", "execute_bash"]
