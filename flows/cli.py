@@ -575,13 +575,19 @@ def cmd_report(
     out_dir: str = typer.Option(None, "--out", "-o", help="Default: <warehouse>/reports/<run_id>."),
     warehouse: str = _WAREHOUSE,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
-) -> None:
+    viewer_url: str = typer.Option(
+        "http://127.0.0.1:8765", "--viewer-url", envvar="SANDFLOW_VIEWER_URL",
+        help="Base URL of `sandflow view`: the tables link to their episodes there ('' for none).",
+    ),
+) -> None:  # fmt: skip
     """Write report.html (self-contained, plots inline) and report.md; publish artifacts."""
     _quiet_prefect(verbose)
     from flows.report_flow import report_flow
 
     s = _settings(warehouse=warehouse)
-    r = _guard(report_flow, run_id=run_id, warehouse=str(s.warehouse), out_dir=out_dir)
+    r = _guard(
+        report_flow, run_id=run_id, warehouse=str(s.warehouse), out_dir=out_dir, viewer_url=viewer_url
+    )
     _console().print(f"report: [cyan]{r['html']}[/]\nmarkdown: {r['markdown']}")
 
 

@@ -188,3 +188,18 @@ def test_bad_actions_and_rows_are_clear_errors() -> None:
     out = env.step(hermes("submit", {}))
     assert out.done
     env.close()
+
+
+def test_wall_clock_counts_the_policys_time_between_steps() -> None:
+    import time
+
+    env = SandboxEnv(
+        sandbox=sandbox_cfg(), limits=Limits(wall_clock_s=1.0), run_id=new_run_id("env-clock")
+    )
+    env.reset(math_task())  # opening the sandbox is not the policy's time
+    out = env.step(hermes("execute_bash", {"command": "true"}))
+    assert not out.done
+    time.sleep(1.2)  # the trainer generates slowly
+    out = env.step(hermes("execute_bash", {"command": "echo late"}))
+    assert out.done and out.info["termination"] == "wall_clock"
+    env.close()
