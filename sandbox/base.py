@@ -10,9 +10,12 @@ broken infrastructure (`SandboxError`: retry the episode elsewhere).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from sandbox.archive import ExportedFiles  # a list[Path] with .skipped and .summary
 
 NetworkPolicy = Literal["none", "bridge", "host"]
 BackendName = Literal["docker", "bwrap"]
@@ -94,7 +97,7 @@ class Sandbox(Protocol):
 
     def copy_in(self, host_dir: Path | str, dest: str) -> None: ...
 
-    def copy_out(self, src: str, host_dir: Path | str) -> list[Path]: ...
+    def copy_out(self, src: str, host_dir: Path | str) -> ExportedFiles: ...
 
     def close(self) -> None: ...
 

@@ -32,7 +32,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 def _open(backend: str, run_id: str, **limits: Any) -> Any:
     lim = {"memory_mb": 512, "pids": 256, "tmp_size_mb": 256, **limits}
-    return open_sandbox(SandboxConfig(backend=backend, run_id=run_id, limits=SandboxLimits(**lim)))  # type: ignore[arg-type]
+    return open_sandbox(SandboxConfig(backend=backend, run_id=run_id, limits=SandboxLimits(**lim)))
 
 
 def _make(sb: Any, python: str) -> None:
