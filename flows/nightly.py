@@ -14,6 +14,7 @@ from prefect import flow
 
 from flows.export import rollouts_flow
 from flows.prepare import prepare_flow
+from flows.report import DEFAULT_VIEWER_URL
 from flows.report_flow import report_flow
 from flows.run import make_task_runner, run_flow
 from flows.score import score_flow
@@ -47,6 +48,7 @@ def nightly_flow(
     series: str | None = None,
     fail_on_regression: bool = False,
     alpha: float = 0.05,
+    viewer_url: str | None = DEFAULT_VIEWER_URL,  # the report's links into `sandflow view`
 ) -> dict[str, Any]:
     """Benchmark a model on a task source end to end; returns every step's summary.
 
@@ -86,7 +88,7 @@ def nightly_flow(
         out["rollouts"] = rollouts_flow(
             run_id=rid, warehouse=warehouse, task_set=prep["task_set"], max_seq_tokens=max_seq_tokens
         )
-    out["report"] = report_flow(run_id=rid, warehouse=warehouse, alpha=alpha)
+    out["report"] = report_flow(run_id=rid, warehouse=warehouse, alpha=alpha, viewer_url=viewer_url)
     if fail_on_regression and out["report"].get("regression"):
         from analysis.nightly_report import RegressionFound
 
