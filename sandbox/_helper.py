@@ -120,7 +120,7 @@ def close_inherited_fds():
 
 
 class Channel:
-    """Buffered reads of header lines and exact byte counts from the host."""
+    """Buffered reads from the host: header lines, and payloads through PayloadReader."""
 
     def __init__(self) -> None:
         self.buf = bytearray()
@@ -149,19 +149,20 @@ class Channel:
         del self.buf[: i + 1]
         return out
 
-    def exact(self, n):
-        while len(self.buf) < n:
-            if not self.fill(5.0) and self.eof:
-                raise EOFError("host closed the channel mid-payload")
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
-
 
 def send(msg, payload=b""):
+    """One message to the host: a JSON header line, then `len` payload bytes."""
     if payload:
         msg["len"] = len(payload)
-    data = json.dumps(msg, separators=(",", ":")).encode() + b"\n" + payload
+    head = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+    if len(payload) > 65536:  # a data frame: no copy of it just to prepend the header
+        write_all(head)
+        write_all(payload)
+    else:
+        write_all(head + payload)
+
+
+def write_all(data):
     view = memoryview(data)
     while view:
         n = os.write(STDOUT, view)
