@@ -227,7 +227,9 @@ def _merge(
     try:
         ((count,),) = con.execute(
             f"COPY ({select}) TO '{tmp}' (FORMAT parquet, COMPRESSION zstd, "
-            f"ROW_GROUP_SIZE 122880, {meta})"
+            # Row groups of at most ~16 MB: reading one episode's turns (the viewer's episode
+            # page) decompresses one row group's text, ~0.1 s instead of ~1 s at 122,880 rows.
+            f"ROW_GROUP_SIZE 122880, ROW_GROUP_SIZE_BYTES '16MB', {meta})"
         ).fetchall()
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
