@@ -221,6 +221,44 @@ def _runner(kind: str, concurrency: int, dask_address: str | None) -> Any:
     return make_task_runner(kind, concurrency, dask_address)
 
 
+_WAIT = typer.Option(
+    False,
+    "--wait",
+    help="If another process is running this --run-id, wait for it to end instead of "
+    "refusing (one run id has one writer).",
+)
+
+
+def _check_run_free(warehouse: str, run_id: str | None, wait: bool) -> None:
+    """Before Prefect starts: refuse at once (or say that we wait) when another process
+    holds this run id. The run flow takes the lock for real (flows.run.hold_run)."""
+    if not run_id:
+        return
+    from warehouse.layout import Layout
+    from warehouse.runlock import RunLock, RunLocked, shared_lock_warning
+
+    try:
+        lock = RunLock(Layout(warehouse), run_id)
+    except ValueError:
+        return  # an invalid run id: the run flow says what is wrong with it
+    if not lock.path.exists():
+        return
+    warning = shared_lock_warning(lock.path.parent)
+    if warning:
+        _console().print(f"[yellow]warning:[/] {warning}")
+    try:
+        lock.acquire(wait=False, record=False)
+        lock.release()
+    except RunLocked as exc:
+        if not wait:
+            _fail(str(exc))
+        who = exc.holder.describe() if exc.holder else "another process"
+        _console().print(
+            f"[yellow]waiting:[/] run {run_id} is being run by {who}; this one starts when it "
+            "ends (Ctrl+C stops waiting)."
+        )
+
+
 def _sql_hints(run_id: str, warehouse: str) -> list[str]:
     w = "" if warehouse in ("warehouse_data", str(Path("warehouse_data"))) else f" --warehouse {warehouse}"
     return [
@@ -438,15 +476,21 @@ def cmd_run(
     compact: bool = typer.Option(
         True, "--compact/--no-compact", help="Merge the run's per-episode files at its end (fast SQL)."
     ),
+    wait: bool = _WAIT,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Run episodes (resumable): a task set x a model x mode x samples."""
+    """Run episodes (resumable): a task set x a model x mode x samples.
+
+    One process per run id: a second `run --run-id R` while R runs is refused with the
+    holder's pid, host and start time (or waits for it with --wait).
+    """
     _isolate_from_terminal_signals()
     _quiet_prefect(verbose)
     from flows.progress import RichEpisodeProgress
     from flows.run import run_flow
 
     s = _settings(model=model, base_url=base_url, warehouse=warehouse)
+    _check_run_free(str(s.warehouse), run_id, wait)
     runner = _runner(task_runner, concurrency, dask_address)
     with RichEpisodeProgress("episodes", console=_console()):
         r = _guard(
@@ -472,6 +516,7 @@ def cmd_run(
             logprobs=logprobs,
             return_token_ids=token_ids,
             compact=compact,
+            wait_for_lock=wait,
         )
     c = _console()
     c.print(

@@ -22,6 +22,7 @@ import os
 import secrets
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,10 @@ class RunConfigError(ValueError):
     """A run parameter is wrong; the message names it."""
 
 
+class RunLockedError(RunConfigError):
+    """Another process is running this run id (the message names it: pid, host, start)."""
+
+
 class WarehouseFullError(RunConfigError):
     """The warehouse's disk is full: every further episode would fail too, so the run stops."""
 
@@ -52,6 +57,22 @@ def _no_space(exc: BaseException | None) -> bool:
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
+
+
+@contextlib.contextmanager
+def hold_run(layout: Any, run_id: str, wait: bool | float = False) -> Iterator[None]:
+    """The run's lock (warehouse.runlock) for the block; RunLockedError if it is taken."""
+    from warehouse.runlock import RunLock, RunLocked
+
+    lock = RunLock(layout, run_id)
+    try:
+        lock.acquire(wait=wait)
+    except RunLocked as exc:
+        raise RunLockedError(str(exc)) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def new_run_id(name: str) -> str:
@@ -221,8 +242,13 @@ def execute_run(
     request_timeout_s: float | None = None,
     compact: bool = True,
     series: str | None = None,
+    wait_for_lock: bool | float = False,
 ) -> dict[str, Any]:
-    """The body of the run flow (must run inside a Prefect flow: it submits tasks)."""
+    """The body of the run flow (must run inside a Prefect flow: it submits tasks).
+
+    Raises RunLockedError when another process runs this run id (`wait_for_lock`: True
+    waits for it, a number waits that many seconds).
+    """
     from prefect.exceptions import TerminationSignal
     from prefect.futures import as_completed
 
@@ -234,6 +260,7 @@ def execute_run(
     from tasks.local_model import endpoint
     from tasks.loop import Limits
     from tasks.model import ModelConfig
+    from warehouse.compact import remove_dead_temps
     from warehouse.layout import Layout
     from warehouse.runs import finish_run, read_run, write_run
 
@@ -255,126 +282,131 @@ def execute_run(
     specs = plan(list(ts.tasks), rid, mode, samples)
     root = str(Path(warehouse).expanduser())
     layout = Layout(root)
-    done = done_keys(root, rid) if Path(root).exists() else set()
-    pending = [s for s in specs if s.key not in done]
-    progress.planned(total=len(pending), skipped=len(specs) - len(pending), run_id=rid)
+    # One run id, one writer (warehouse.runlock): a second process on this run id is
+    # refused (or waits), and a kill -9'd holder releases the lock with its death.
+    with hold_run(layout, rid, wait=wait_for_lock):
+        # Half-written temporary files a killed writer of this run left (invisible, on disk).
+        remove_dead_temps(layout, rid)
+        done = done_keys(root, rid) if Path(root).exists() else set()
+        pending = [s for s in specs if s.key not in done]
+        progress.planned(total=len(pending), skipped=len(specs) - len(pending), run_id=rid)
 
-    sandbox_image = _check_image(backend, image) if "sandbox" in MODES[mode] and pending else image
-    model_cfg = ModelConfig(
-        model=model or "default",
-        base_url=base_url,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        extra_body=extra_body or {},
-        logprobs=logprobs,
-        return_token_ids=return_token_ids,
-        request_timeout_s=request_timeout_s,
-    )
-    limits = Limits(max_steps=max_steps, wall_clock_s=wall_clock_s, exec_timeout_s=exec_timeout_s)
-    sandbox_cfg = SandboxConfig(
-        backend=backend,
-        image=sandbox_image,
-        run_id=rid,
-        limits=SandboxLimits(network=network),
-    )
-    previous = read_run(layout, rid) if Path(root).exists() else None
-    outcomes: list[dict[str, Any]] = []
-    failures: list[str] = []
-    status = "interrupted"
-    with endpoint(model_cfg) as live_cfg:
-        if pending:
-            _preflight_model(live_cfg)
-        write_run(
-            layout,
-            rid,
-            model=live_cfg.model,
+        sandbox_image = _check_image(backend, image) if "sandbox" in MODES[mode] and pending else image
+        model_cfg = ModelConfig(
+            model=model or "default",
+            base_url=base_url,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            extra_body=extra_body or {},
+            logprobs=logprobs,
+            return_token_ids=return_token_ids,
+            request_timeout_s=request_timeout_s,
+        )
+        limits = Limits(max_steps=max_steps, wall_clock_s=wall_clock_s, exec_timeout_s=exec_timeout_s)
+        sandbox_cfg = SandboxConfig(
+            backend=backend,
             image=sandbox_image,
-            dataset=ts.name,
-            dataset_hash=ts.content_hash,
-            config={
-                "mode": mode,
-                "samples": samples,
-                "concurrency": concurrency,
-                "max_sandboxes": max_sandboxes,
-                "max_model_calls": max_model_calls,
-                "limits": limits.model_dump(),
-                "model": live_cfg.public_dict(),
-                "backend": backend,
-                "network": network,
-                "task_set": task_set,
-            },
-            started_at=(previous or {}).get("started_at"),
-            status="running",
-            series=series or (previous or {}).get("series"),
-            image_id=(_image_id(backend, sandbox_image) if "sandbox" in MODES[mode] else None)
-            or (previous or {}).get("image_id"),
+            run_id=rid,
+            limits=SandboxLimits(network=network),
         )
-        settings = EpisodeSettings(
-            model=live_cfg.model_copy(update={"api_key": None}),
-            sandbox=sandbox_cfg,
-            limits=limits,
-            warehouse=root,
-            max_sandboxes=max_sandboxes or concurrency,
-            max_model_calls=max_model_calls,
-            durability=durability,
-        )
-        episode_task = make_episode_task(retries=retries)
-        futures: dict[Any, EpisodeSpec] = {}
-        try:
-            futures = {episode_task.submit(spec, settings): spec for spec in pending}
-            for fut in as_completed(list(futures)):
-                spec = futures[fut]
-                try:
-                    out = fut.result()
-                except Exception as exc:  # retries exhausted (infra) or a bug: the run goes on
-                    if _no_space(exc):  # stop: queued episodes are cancelled, resume finishes them
-                        raise WarehouseFullError(
-                            f"the warehouse {root} is out of space ({exc}); {len(outcomes)} episode(s) "
-                            f"were recorded before it. Free space there, then resume with --run-id {rid}"
-                        ) from None
-                    failures.append(f"{spec.task.id}/{spec.mode}/{spec.sample_index}: {exc}")
-                    progress.finished(spec.key, ok=False, termination="failed")
-                    continue
-                outcomes.append(out)
-                progress.finished(spec.key, ok=True, termination=out.get("termination"))
-            status = "finished" if not failures else "failed"
-        except (KeyboardInterrupt, TerminationSignal):  # Ctrl+C; SIGTERM (Prefect's bridge)
-            # Stop in-flight episodes at their next turn (recorded as interrupted, sandbox
-            # closed), let queued ones return at once, and only then stop the model server.
-            request_cancel()
-            for fut in futures:
-                with contextlib.suppress(BaseException):
-                    fut.wait(timeout=wall_clock_s)
-            raise
-        finally:
+        previous = read_run(layout, rid) if Path(root).exists() else None
+        outcomes: list[dict[str, Any]] = []
+        failures: list[str] = []
+        status = "interrupted"
+        with endpoint(model_cfg) as live_cfg:
+            if pending:
+                _preflight_model(live_cfg)
+            write_run(
+                layout,
+                rid,
+                model=live_cfg.model,
+                image=sandbox_image,
+                dataset=ts.name,
+                dataset_hash=ts.content_hash,
+                config={
+                    "mode": mode,
+                    "samples": samples,
+                    "concurrency": concurrency,
+                    "max_sandboxes": max_sandboxes,
+                    "max_model_calls": max_model_calls,
+                    "limits": limits.model_dump(),
+                    "model": live_cfg.public_dict(),
+                    "backend": backend,
+                    "network": network,
+                    "task_set": task_set,
+                },
+                started_at=(previous or {}).get("started_at"),
+                status="running",
+                series=series or (previous or {}).get("series"),
+                image_id=(_image_id(backend, sandbox_image) if "sandbox" in MODES[mode] else None)
+                or (previous or {}).get("image_id"),
+            )
+            settings = EpisodeSettings(
+                model=live_cfg.model_copy(update={"api_key": None}),
+                sandbox=sandbox_cfg,
+                limits=limits,
+                warehouse=root,
+                max_sandboxes=max_sandboxes or concurrency,
+                max_model_calls=max_model_calls,
+                durability=durability,
+            )
+            episode_task = make_episode_task(retries=retries)
+            futures: dict[Any, EpisodeSpec] = {}
             try:
-                finish_run(layout, rid, status=status, notes=f"{len(failures)} episodes failed" if failures else None)
-            except OSError as exc:  # a full disk must not hide the error above; resume rewrites it
-                if not _no_space(exc):
-                    raise
-    compaction = compact_after_run(root, rid) if compact and Path(root).is_dir() else None
-    elapsed = time.perf_counter() - t_start  # compaction included: the flow's own end
-    overhead = prefect_overhead(outcomes)
-    return {
-        "run_id": rid,
-        "task_set": ts.name,
-        "task_set_hash": ts.content_hash,
-        "model": live_cfg.model,
-        "warehouse": root,
-        "planned": len(specs),
-        "skipped": len(specs) - len(pending),
-        "ran": len(pending),
-        "succeeded": len(outcomes),
-        "failed": len(failures),
-        "failures": failures[:20],
-        "terminations": dict(Counter(str(o.get("termination")) for o in outcomes)),
-        "elapsed_s": elapsed,
-        "episodes_per_s": (len(outcomes) / elapsed) if elapsed > 0 else None,
-        "prefect": overhead,
-        "compaction": compaction,
-        "pid": os.getpid(),
-        "worker_pids": sorted({int(o["pid"]) for o in outcomes}),
-    }
+                futures = {episode_task.submit(spec, settings): spec for spec in pending}
+                for fut in as_completed(list(futures)):
+                    spec = futures[fut]
+                    try:
+                        out = fut.result()
+                    except Exception as exc:  # retries exhausted (infra) or a bug: the run goes on
+                        if _no_space(exc):  # stop: queued episodes are cancelled, resume finishes them
+                            raise WarehouseFullError(
+                                f"the warehouse {root} is out of space ({exc}); {len(outcomes)} episode(s) "
+                                f"were recorded before it. Free space there, then resume with --run-id {rid}"
+                            ) from None
+                        failures.append(f"{spec.task.id}/{spec.mode}/{spec.sample_index}: {exc}")
+                        progress.finished(spec.key, ok=False, termination="failed")
+                        continue
+                    outcomes.append(out)
+                    progress.finished(spec.key, ok=True, termination=out.get("termination"))
+                status = "finished" if not failures else "failed"
+            except (KeyboardInterrupt, TerminationSignal):  # Ctrl+C; SIGTERM (Prefect's bridge)
+                # Stop in-flight episodes at their next turn (recorded as interrupted, sandbox
+                # closed), let queued ones return at once, and only then stop the model server.
+                request_cancel()
+                for fut in futures:
+                    with contextlib.suppress(BaseException):
+                        fut.wait(timeout=wall_clock_s)
+                raise
+            finally:
+                try:
+                    finish_run(layout, rid, status=status, notes=f"{len(failures)} episodes failed" if failures else None)
+                except OSError as exc:  # a full disk must not hide the error above; resume rewrites it
+                    if not _no_space(exc):
+                        raise
+        compaction = compact_after_run(root, rid) if compact and Path(root).is_dir() else None
+        elapsed = time.perf_counter() - t_start  # compaction included: the flow's own end
+        overhead = prefect_overhead(outcomes)
+        return {
+            "run_id": rid,
+            "task_set": ts.name,
+            "task_set_hash": ts.content_hash,
+            "model": live_cfg.model,
+            "warehouse": root,
+            "planned": len(specs),
+            "skipped": len(specs) - len(pending),
+            "ran": len(pending),
+            "succeeded": len(outcomes),
+            "failed": len(failures),
+            "failures": failures[:20],
+            "terminations": dict(Counter(str(o.get("termination")) for o in outcomes)),
+            "elapsed_s": elapsed,
+            "episodes_per_s": (len(outcomes) / elapsed) if elapsed > 0 else None,
+            "prefect": overhead,
+            "compaction": compaction,
+            "pid": os.getpid(),
+            "worker_pids": sorted({int(o["pid"]) for o in outcomes}),
+        }
 
 
 def make_task_runner(kind: str = "thread", concurrency: int = 4, dask_address: str | None = None) -> Any:
@@ -432,8 +464,12 @@ def run_flow(
     request_timeout_s: float | None = None,
     compact: bool = True,
     series: str | None = None,
+    wait_for_lock: bool | float = False,
 ) -> dict[str, Any]:
     """Run a task set against a model in sandbox and/or LLM mode; resumable by run id.
+
+    One process per run id: a second one raises RunLockedError naming the holder, or
+    with `wait_for_lock` waits for it (True: as long as it takes; seconds: that long).
 
     At the end the run's files are compacted (one file per table; `compact=False` skips
     it); the summary's `compaction` says how long that took (inside `elapsed_s`).

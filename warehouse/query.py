@@ -753,7 +753,7 @@ class WarehouseQuery:
         """After a DuckDB error that may come from a file's bytes: find the file(s) whose
         data pages do not decode among `files` (default: the snapshot's), so the next build
         leaves them out (validate's cache marks them bad). True if any was found."""
-        if isinstance(exc, _NOT_DATA_ERRORS):
+        if isinstance(exc, _NOT_DATA_ERRORS) or "configuration has been locked" in str(exc):
             return False
         if files is None:
             infos = {t: [f.path for f in fs] for t, fs in self.snapshot.files.items()}
