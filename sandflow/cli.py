@@ -40,6 +40,10 @@ def _register() -> None:
 
     rl_cli.register(app)
 
+    from sandflow import compare_cli
+
+    compare_cli.register(app)  # `sandflow compare`
+
 
 
 

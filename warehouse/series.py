@@ -395,3 +395,16 @@ def read_trajectories(
             e["turns"] = by_ep.get(e["episode_id"], [])
             out[(run, e["episode_id"])] = e
     return out
+
+
+def read_outcomes(
+    root: Path | str, run_ids: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(runs rows, episode_outcomes rows) of the given runs, for an ad-hoc comparison."""
+    from warehouse.query import WarehouseQuery
+
+    with WarehouseQuery(root, tables=("runs", "episodes", "scores")) as q:
+        sel = _in(list(run_ids))
+        runs = q.arrow(f"SELECT * FROM runs WHERE run_id IN {sel}").to_pylist()
+        outcomes = q.arrow(f"SELECT * FROM episode_outcomes WHERE run_id IN {sel}").to_pylist()
+    return runs, outcomes
