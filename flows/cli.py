@@ -310,6 +310,7 @@ def bench(
         "significantly since the previous run of the series (Holm-adjusted exact test, --alpha).",
     ),
     alpha: float = typer.Option(0.05, "--alpha", min=0.0001, max=0.5, help="Significance level of the nightly comparison."),
+    wait: bool = _WAIT,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs."),
 ) -> None:
     """The nightly benchmark, now: prepare -> run (both modes) -> score -> usage -> tokens
@@ -349,6 +350,7 @@ def bench(
         f"concurrency={concurrency} max_steps={max_steps} model=[cyan]{s.model or '(embedded)'}[/] "
         f"endpoint={s.base_url or '(embedded, started now)'} warehouse={s.warehouse}"
     )
+    _check_run_free(str(s.warehouse), run_id, wait)
     from analysis.nightly_report import RegressionFound
     from flows.nightly import nightly_flow
 
@@ -379,6 +381,7 @@ def bench(
                 series=series,
                 fail_on_regression=fail_on_regression,
                 alpha=alpha,
+                wait_for_lock=wait,
             )
         except RegressionFound as exc:  # the report is written; say so, then exit non-zero
             regression, result = exc, exc.summary

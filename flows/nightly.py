@@ -49,6 +49,7 @@ def nightly_flow(
     fail_on_regression: bool = False,
     alpha: float = 0.05,
     viewer_url: str | None = DEFAULT_VIEWER_URL,  # the report's links into `sandflow view`
+    wait_for_lock: bool | float = False,  # another process runs run_id: wait (not refuse)
 ) -> dict[str, Any]:
     """Benchmark a model on a task source end to end; returns every step's summary.
 
@@ -78,6 +79,7 @@ def nightly_flow(
         network=network,
         request_timeout_s=request_timeout_s,
         series=series,
+        wait_for_lock=wait_for_lock,
     )
     rid = run["run_id"]
     out: dict[str, Any] = {"prepare": prep, "run": run}

@@ -158,3 +158,32 @@ def test_kill9_frees_the_run_and_its_prefect_server(
     wait_for(
         lambda: not _servers_of(cli_prefect_home), 30, "the resumed run's Prefect server to exit"
     )
+
+
+@pytest.mark.parametrize("command", ["bench", "flows run"])
+def test_both_commands_refuse_a_held_run_before_starting_anything(
+    tmp_path: Path, command: str
+) -> None:
+    """The CLI checks the lock before Prefect or a model server starts (one sentence, exit 1)."""
+    from typer.testing import CliRunner
+
+    from sandflow.cli import app
+    from warehouse.layout import Layout
+    from warehouse.runlock import RunLock
+
+    wh = tmp_path / "wh"
+    rid = chaos_run_id("lock-cli")
+    held = RunLock(Layout(wh), rid)
+    held.acquire()
+    try:
+        args = [*command.split(), *(["--suite", "smoke"] if command == "bench" else ["smoke"])]
+        res = CliRunner().invoke(
+            app,
+            [*args, "--run-id", rid, "--warehouse", str(wh), "--base-url", "http://127.0.0.1:9/v1"],
+            env={"COLUMNS": "300"},
+        )
+    finally:
+        held.release()
+    assert res.exit_code == 1, res.output
+    out = " ".join(res.output.split())
+    assert f"run {rid} is being run by pid {os.getpid()}" in out and "Traceback" not in out, out
