@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from analysis.comparisons import (
     ALL,
@@ -122,6 +123,24 @@ class NightlySection:
     runs: list[dict[str, Any]] = field(default_factory=list)  # run_series rows of the window
     # (run_id, episode_id) -> episode with its turns (warehouse.series.read_trajectories)
     trajectories: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    viewer_url: str | None = None  # `sandflow view`: flips link to its side-by-side page
+
+    def side_by_side(self, f: Any) -> str | None:
+        """The viewer's side-by-side page of a flipped task's two episodes, if a viewer is set."""
+        if (
+            not self.viewer_url
+            or not self.previous_run_id
+            or not f.episodes_before
+            or not f.episodes_after
+        ):
+            return None
+        query = urlencode(
+            {
+                "a": f"{self.previous_run_id}/{f.episodes_before[0]}",
+                "b": f"{self.run_id}/{f.episodes_after[0]}",
+            }
+        )
+        return f"{self.viewer_url.rstrip('/')}/compare?{query}"
 
     @property
     def previous(self) -> dict[str, Any]:
@@ -269,6 +288,9 @@ def to_markdown(sec: NightlySection, html_name: str = "report.html") -> str:
                     for ep in eps[:1]
                     if (run, ep) in sec.trajectories
                 )
+                viewer = sec.side_by_side(f)
+                if viewer:
+                    links = ", ".join(x for x in (links, f"[side by side]({viewer})") if x)
                 lines.append(
                     f"  - `{f.task_id}` {f.direction} ({_pct(f.before)} -> {_pct(f.after)})"
                     + (f": {links}" if links else "")
@@ -417,6 +439,9 @@ def _flip_html(sec: NightlySection, f: Any) -> str:
             if run and (run, ep) in sec.trajectories:
                 suffix = f" #{i + 1}" if len(eps) > 1 else ""
                 links.append(f'<a href="#{anchor(run, ep)}">{label}{suffix}</a>')
+    viewer = sec.side_by_side(f)
+    if viewer:
+        links.append(f'<a class="viewer" href="{_e(viewer)}">side by side</a>')
     flaky = sec.flaky.get((f.mode, f.task_id))
     tag = f" <i>flaky: {flaky.flips} flips in {flaky.runs} runs</i>" if flaky else ""
     return (

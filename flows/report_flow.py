@@ -39,6 +39,7 @@ def report_flow(
     rd = ReportData.from_run(data, {k: v for k, v in meta.items() if v is not None})
     rd.viewer_url = viewer_url or None
     rd.nightly = _nightly_section(warehouse, run_id, alpha, trend_runs)
+    rd.nightly.viewer_url = rd.viewer_url
     out = Path(out_dir or Path(warehouse) / "reports" / run_id).expanduser()
     html_path, md_path = write_report(rd, out)
     key = artifacts.artifact_key("report", run_id)

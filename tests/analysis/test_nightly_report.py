@@ -96,6 +96,10 @@ def test_a_significant_drop_is_called_out_with_links_to_embedded_trajectories() 
     links = {a for a in page.split('href="#')[1:]}
     assert len(links) == 20 and page.count("<details id='ep-") == 20
     assert "Accuracy trend" in page  # two runs: trend plots
+    sec.viewer_url = "http://127.0.0.1:8765/"  # `sandflow view`: a side-by-side page per flip
+    page, md = nr.to_html(sec), nr.to_markdown(sec)
+    assert page.count('class="viewer" href="http://127.0.0.1:8765/compare?a=a%2Fa%2Ft00&amp;b=b%2Fb%2Ft00"') == 1
+    assert md.count("[side by side](http://127.0.0.1:8765/compare?a=") == 10
 
 
 def test_noise_is_not_called_out() -> None:
