@@ -313,10 +313,10 @@ def to_markdown(sec: NightlySection, html_name: str = "report.html") -> str:
 
 
 def _more_sql(sec: NightlySection, r: ComparisonRow) -> str:
-    run = sec.run_id.replace("'", "''")
+    run, domain, mode = (v.replace("'", "''") for v in (sec.run_id, r.domain, r.mode))
     return (
         f"`sandflow sql \"SELECT tasks_down, tasks_up FROM nightly_diff WHERE run_id = '{run}' "
-        f"AND domain = '{r.domain}' AND mode = '{r.mode}'\"`"
+        f"AND domain = '{domain}' AND mode = '{mode}'\"`"
     )
 
 

@@ -98,7 +98,12 @@ def test_a_significant_drop_is_called_out_with_links_to_embedded_trajectories() 
     assert "Accuracy trend" in page  # two runs: trend plots
     sec.viewer_url = "http://127.0.0.1:8765/"  # `sandflow view`: a side-by-side page per flip
     page, md = nr.to_html(sec), nr.to_markdown(sec)
-    assert page.count('class="viewer" href="http://127.0.0.1:8765/compare?a=a%2Fa%2Ft00&amp;b=b%2Fb%2Ft00"') == 1
+    assert (
+        page.count(
+            'class="viewer" href="http://127.0.0.1:8765/compare?a=a%2Fa%2Ft00&amp;b=b%2Fb%2Ft00"'
+        )
+        == 1
+    )
     assert md.count("[side by side](http://127.0.0.1:8765/compare?a=") == 10
 
 
@@ -134,3 +139,16 @@ def test_embedded_trajectories_stay_within_the_page_budget(monkeypatch: Any) -> 
     page = nr.to_html(sec)
     assert len(page) < 600_000 and page.count("<details id='ep-") == 20  # every link still lands
     assert "size bound for trajectories is reached" in page
+
+
+def test_pass_at_k_table_only_with_several_samples() -> None:
+    from analysis.comparisons import Outcome
+
+    def o(task: str, sample: int, score: float) -> Outcome:
+        return Outcome("r", f"{task}{sample}", task, "math", "llm", sample, score, score == 1.0)
+
+    # a: 1 of 2 passed, b: 0 of 2 -> pass@1 = 25%, pass@2 = (1 + 0) / 2 = 50%
+    rows = nr.pass_at_k_table([o("a", 0, 1.0), o("a", 1, 0.0), o("b", 0, 0.0), o("b", 1, 0.0)])
+    got = {(r["domain"], r["k"]): r["pass_at_k"] for r in rows}
+    assert got == {("math", 1): 25.0, ("math", 2): 50.0, ("(all)", 1): 25.0, ("(all)", 2): 50.0}
+    assert nr.pass_at_k_table([o("a", 0, 1.0), o("b", 0, 0.0)]) == []
