@@ -119,12 +119,12 @@ def _statement_kinds(query: str) -> list[str]:
     for st in statements:
         kind = st.type.name
         if kind == "EXPLAIN":
-            kind = _explained_kind(st.query)
+            kind = explained_kind(st.query)
         kinds.append(kind)
     return kinds
 
 
-def _explained_kind(text: str) -> str:
+def explained_kind(text: str) -> str:
     """The type of the statement an EXPLAIN [ANALYZE] runs (EXPLAIN ANALYZE executes it).
 
     DuckDB's tokenizer marks keyword positions; the first suffix after the EXPLAIN keyword
@@ -138,7 +138,7 @@ def _explained_kind(text: str) -> str:
             continue
         if len(inner) == 1:
             kind = inner[0].type.name
-            return _explained_kind(inner[0].query) if kind == "EXPLAIN" else kind
+            return explained_kind(inner[0].query) if kind == "EXPLAIN" else kind
     return "EXPLAIN"  # nothing else parses: a plain EXPLAIN of what DuckDB will reject
 
 
