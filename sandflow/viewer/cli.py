@@ -25,7 +25,7 @@ their episodes. A run that is recording updates live.
   sandflow view --warehouse /data/wh --port 9000
   sandflow view --host 0.0.0.0 --allow-host gpu-box.lan   # reachable from other machines
 
-The report's tables (report.html) link into it: `sandflow flows report RUN --viewer-url URL`.
+The report's tables (report.html) link into it: `sandflow flows report -r RUN --viewer-url URL`.
 """
 
 
