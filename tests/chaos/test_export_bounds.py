@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +75,13 @@ def test_directories_count_against_the_entry_cap(
     assert (written, dirs) == (1, 1999) and (tmp_path / "export" / "answer.txt").read_text() == "42"
     s = files.summary
     assert (s.files, s.dirs) == (1, 1999)
-    assert s.skipped == {"over_count": 30001 - 2000} and s.count_exact and s.stopped == "count"
+    # Exact at the capped folder's level; a loaded host may run out of the 1 s it gives
+    # itself to look into the 28,001 folders left out (count_exact False, shown as "+").
+    assert s.skipped == {"over_count": 30001 - 2000} and s.stopped == "count"
     assert s.examples["over_count"][0] == "output/d01999"
     warnings = _copy_out_warnings(caplog)
-    assert len(warnings) == 1 and "28001 over the entry-count limit of 2000" in warnings[0], (
-        warnings
-    )
+    assert len(warnings) == 1, warnings
+    assert re.search(r"28001\+? over the entry-count limit of 2000", warnings[0]), warnings
 
 
 def test_export_stops_at_its_time_bound_and_says_what_it_left(
