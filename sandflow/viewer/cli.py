@@ -81,6 +81,12 @@ def register(app: typer.Typer) -> None:
         if not _is_loopback(host):
             if not allow_host:
                 allowed.append(host)
+                if host in ("0.0.0.0", "::"):
+                    err.print(
+                        "[yellow]note:[/yellow] requests must name this machine as the browser "
+                        "sees it: pass --allow-host NAME (the host name or address in the URL), "
+                        "or --allow-host '*'."
+                    )
             err.print(
                 f"[yellow]warning:[/yellow] listening on {host}: anyone who can reach it can read "
                 "every trajectory in this warehouse (the viewer has no login)."
