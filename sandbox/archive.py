@@ -204,7 +204,9 @@ def open_checked(path: str, st: os.stat_result, real_root: str) -> IO[bytes]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise ValueError(f"copy_in: {path} changed while it was being copied ({exc.strerror})") from None
+        raise ValueError(
+            f"copy_in: {path} changed while it was being copied ({exc.strerror})"
+        ) from None
     try:
         now = os.fstat(fd)
         if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
