@@ -178,6 +178,11 @@ class BwrapSandbox(HelperSandbox):
         why = bwrap_available() or (
             slirp_available() if config.limits.network == "bridge" else None
         )
+        if config.limits.network in ("allowlist", "open"):
+            why = (
+                f"network policy {config.limits.network!r} (the egress proxy) runs on the docker "
+                "backend only for now; use --backend docker, or network 'none' / 'bridge'"
+            )
         if why:
             raise SandboxError(why)
         self.rootfs = _rootfs_for(config.image)
