@@ -92,9 +92,9 @@ class SandboxConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     docker_host: str | None = None  # e.g. ssh://user@gpu-box or tcp://host:2376
     reuse: Literal["pool", "fresh"] = Field(
-        "pool",
-        description="sandbox.acquire(): a reset sandbox from this process's warm pool, or a "
-        "fresh one per episode (docs/sandbox.md, 'Warm pool')",
+        "fresh",
+        description="sandbox.acquire() (the episode runner): 'pool' hands out a reset sandbox "
+        "from this process's warm pool, 'fresh' opens one per episode (docs/sandbox.md, 'Warm pool')",
     )
     max_episodes_per_sandbox: int = Field(
         100, ge=1, description="a pooled sandbox is replaced after this"

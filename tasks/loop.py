@@ -384,7 +384,7 @@ def _open_sandbox(cfg: SandboxConfig) -> Sandbox:
     import sandbox as sandbox_pkg
 
     try:
-        return sandbox_pkg.open_sandbox(cfg)
+        return sandbox_pkg.acquire(cfg)  # cfg.reuse: the warm pool or a fresh sandbox
     except SandboxError as exc:
         raise _End("sandbox_error", f"could not open the sandbox: {exc}") from None
     except Exception as exc:  # engine unreachable, image missing: infrastructure
