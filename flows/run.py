@@ -243,6 +243,7 @@ def execute_run(
     compact: bool = True,
     series: str | None = None,
     wait_for_lock: bool | float = False,
+    sandbox_reuse: str = "fresh",
 ) -> dict[str, Any]:
     """The body of the run flow (must run inside a Prefect flow: it submits tasks).
 
@@ -308,6 +309,7 @@ def execute_run(
             image=sandbox_image,
             run_id=rid,
             limits=SandboxLimits(network=network),
+            reuse=sandbox_reuse,  # pydantic checks "pool" / "fresh"
         )
         previous = read_run(layout, rid) if Path(root).exists() else None
         outcomes: list[dict[str, Any]] = []
@@ -465,6 +467,7 @@ def run_flow(
     compact: bool = True,
     series: str | None = None,
     wait_for_lock: bool | float = False,
+    sandbox_reuse: str = "fresh",
 ) -> dict[str, Any]:
     """Run a task set against a model in sandbox and/or LLM mode; resumable by run id.
 

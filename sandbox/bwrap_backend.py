@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import select
 import shutil
 import subprocess
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 
 from sandbox import reaper, registry
 from sandbox.base import SandboxConfig, SandboxError
-from sandbox.bwrap_net import RESOLV_CONF, UserNat, read_child_pid, slirp_available
+from sandbox.bwrap_net import RESOLV_CONF, UserNat, read_child_pid, readable, slirp_available
 from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSandbox, privsep
 from sandbox.gc import write_bwrap_state
 from sandbox.labels import make_labels
@@ -73,7 +72,7 @@ class PipeTransport:
         deadline = time.monotonic() + timeout
         while True:
             left = max(0.0, deadline - time.monotonic())
-            r, _, _ = select.select([self.r, self.e], [], [], left)
+            r = readable([self.r, self.e], left)
             if self.e in r:
                 try:
                     chunk = os.read(self.e, 65536)
