@@ -23,6 +23,7 @@ from typing import Any
 from flows.rundata import RunData, Score
 from tasks.records import (
     INFRA_TERMINATIONS,
+    EgressRequest,
     EpisodeRecord,
     Observation,
     ToolCall,
@@ -162,6 +163,7 @@ def _turn(r: dict[str, Any]) -> TurnRecord:
         error=r["error"],
         request_max_tokens=r.get("request_max_tokens"),
         attempts=r.get("attempts") or 1,
+        egress=[EgressRequest(**x) for x in (r.get("egress") or [])],
     )
 
 

@@ -315,7 +315,8 @@ class DockerSandbox(HelperSandbox):
         return self.egress.network if self.egress is not None else self.config.limits.network
 
     def egress_records(self, since: float, until: float | None = None) -> list[egress.EgressRecord]:
-        """This sandbox's requests through the egress proxy in [since, until] (epoch s)."""
+        """This sandbox's requests through the egress proxy that ended in [since, until)
+        (epoch seconds)."""
         if self.egress is None or not self.egress_address:
             return []
         return egress.read_records(

@@ -366,7 +366,7 @@ def parse_line(line: str, policy: EgressPolicy) -> EgressRecord | None:
 def read_records(
     endpoint: Endpoint, policy: EgressPolicy, client: str, since: float, until: float | None = None
 ) -> list[EgressRecord]:
-    """The requests of address `client` logged in [since, until] (squid writes a line when a
+    """The requests of address `client` logged in [since, until) (squid writes a line when a
     request ends; a tunnel still open is not there yet). Bounded: the last MAX_LOG_BYTES of
     the log, at most MAX_RECORDS records."""
     path = endpoint.state_dir / "access.log"
@@ -382,9 +382,9 @@ def read_records(
         if not raw.startswith(tuple("0123456789")):
             continue
         rec = parse_line(raw, policy)
-        if rec is None or rec.client != client or rec.time < since - 1.0:
+        if rec is None or rec.client != client or rec.time < since:
             continue
-        if until is not None and rec.time > until + 1.0:
+        if until is not None and rec.time >= until:
             continue
         out.append(rec)
         if len(out) >= MAX_RECORDS:

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.records import INFRA_TERMINATIONS, EpisodeRecord, TurnRecord
-from warehouse.schema import META_PROMPT_DELTAS, OBSERVATION, TOOL_CALL, schema_for
+from warehouse.schema import EGRESS, META_PROMPT_DELTAS, OBSERVATION, TOOL_CALL, schema_for
 from warehouse.secrets import scrub
 
 
@@ -103,6 +103,18 @@ def turns_table(
         ]
         for t in turns
     ]
+    egress = [
+        [
+            {
+                **e.model_dump(exclude={"time", "url"}),
+                "time": utc(e.time),
+                "url": None if e.url is None else scrub(e.url),
+            }
+            for e in t.egress
+        ]
+        or None
+        for t in turns
+    ]
     schema = schema_for("turns")
     if any(n is not None for n in prefix_len):
         schema = schema.with_metadata({**(schema.metadata or {}), META_PROMPT_DELTAS: b"1"})
@@ -138,6 +150,7 @@ def turns_table(
         "request_max_tokens": pa.array([t.request_max_tokens for t in turns], pa.int32()),
         "attempts": pa.array([t.attempts for t in turns], pa.int32()),
         "prompt_token_ids_prefix_len": pa.array(prefix_len, pa.int32()),
+        "egress": pa.array(egress, pa.list_(EGRESS)),
     }
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 

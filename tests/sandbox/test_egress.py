@@ -345,3 +345,73 @@ def test_policy_entries_are_checked_with_clear_errors() -> None:
 def test_bwrap_refuses_allowlist_clearly(limits: SandboxLimits) -> None:
     with pytest.raises(SandboxError, match="docker backend only"):
         open_sandbox(SandboxConfig(backend="bwrap", limits=limits))
+
+
+def test_episode_turns_carry_their_requests_into_the_egress_view(
+    open_box: Callable[[str], DockerSandbox], index: int, scripted_model: object, tmp_path: Path
+) -> None:
+    """A scripted model pip-installs in one turn, is refused in the next: the warehouse's
+    `egress` view has each request with its run, episode and turn."""
+    from datasets_prep.task import Task
+    from tasks.loop import run_episode
+    from tests.scripted_model import ScriptedModel, tool_reply
+    from tests.tasks.conftest import fast_model
+    from warehouse.query import WarehouseQuery
+    from warehouse.writer import EpisodeWriter
+
+    assert isinstance(scripted_model, ScriptedModel)
+    pip = (
+        "pip install -q --no-cache-dir --trusted-host pypi.test "
+        f"--index-url http://pypi.test:{index}/simple/ sfegress-probe"
+    )
+    scripted_model.push(
+        tool_reply("execute_bash", {"command": "echo no network here"}),
+        tool_reply("execute_bash", {"command": pip}),
+        tool_reply("execute_bash", {"command": "curl -s -o /dev/null http://notallowed.test/"}),
+        # no command rule sees the network here; the traffic does
+        tool_reply("execute_bash", {"command": "python3 /testbed/documents/fetch.py"}),
+        tool_reply("submit", {}),
+    )
+    sb = open_box("episode")
+    fetch = f"import urllib.request as u\nu.urlopen('http://pypi.test:{index}/simple/').read()\n"
+    task = Task(
+        id="t",
+        domain="chem",
+        problem_statement="install it",
+        ground_truth="x",
+        input_files={"fetch.py": fetch},
+    )
+    with EpisodeWriter(tmp_path) as writer:
+        result = run_episode(
+            task, fast_model(scripted_model), recorder=writer, sandbox=sb, run_id="egress-run"
+        )
+    assert result.record.termination == "submitted"
+    with WarehouseQuery(tmp_path) as q:
+        rows = q.rows(
+            "SELECT turn_index, method, host, port, status, allowed, rule, bytes_in, url "
+            "FROM egress ORDER BY time"
+        )
+        by_turn = q.rows("SELECT turn_index, count(*) FROM egress GROUP BY ALL ORDER BY 1")
+    assert {r[0] for r in rows} == {1, 2, 3}, rows  # turn 0 made no request
+    wheel = [r for r in rows if r[8] and r[8].endswith(WHEEL)]
+    assert len(wheel) == 1 and wheel[0][:6] == (1, "GET", "pypi.test", index, 200, True)
+    assert wheel[0][6] == f"allow: pypi.test:{index}" and wheel[0][7] > 500
+    denied = [r for r in rows if not r[5]]
+    assert [(r[0], r[2], r[4], r[6]) for r in denied] == [
+        (2, "notallowed.test", 403, "deny: not in allowlist")
+    ]
+    assert by_turn[1] == (2, 1)
+    # the external_resource label comes from the traffic where there was traffic
+    from flows.analysis import turn_labels, usage_call_rows
+    from flows.store import load_run
+
+    data = load_run(tmp_path, "egress-run")
+    caps = {r["turn_index"]: r["capabilities"] for r in turn_labels(data)}
+    assert "external_resource" not in caps[0]
+    assert "external_resource" in caps[3]  # python3 fetch.py: computation by its command alone
+    traffic = [r for r in usage_call_rows(data) if r["tool"] == "egress"]
+    assert [(r["turn_index"], r["capability"]) for r in traffic] == [
+        (1, "external_resource"),
+        (3, "external_resource"),
+    ]
+    assert traffic[1]["detail"] == f"egress: 1 requests (pypi.test:{index})"
