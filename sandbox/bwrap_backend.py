@@ -221,6 +221,9 @@ class BwrapSandbox(HelperSandbox):
             argv += ["--unshare-user", "--uid", "1000", "--gid", "1000"]
         argv += ["--hostname", "sandbox", "--ro-bind", str(self.rootfs), "/"]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
+        # the IPC namespace's POSIX message queues, visible (as with docker) so a pooled
+        # sandbox's reset can remove them (sandbox/pool.py)
+        argv += ["--mqueue", "/dev/mqueue"]
         for path in ("/tmp", self.config.workdir, HOME):
             argv += ["--perms", "1777", "--size", size, "--tmpfs", path]
         if resolv_fd is not None:
