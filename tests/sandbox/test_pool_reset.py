@@ -21,7 +21,8 @@ from sandbox import Sandbox, SandboxClosed, SandboxConfig, SandboxError, open_sa
 from sandbox.pool import CreationPacer, PoolSettings, SandboxPool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WRITABLE = "/testbed /home/sandbox /tmp /dev/shm /dev/mqueue"
+TMPFS = "/testbed /home/sandbox /tmp /dev/shm /dev/mqueue"
+WRITABLE = "/testbed /home/sandbox /tmp /dev/shm /dev/mqueue /run /var/tmp"
 
 # name -> a command whose output is a deterministic observation of the sandbox's state
 PROBES: dict[str, str] = {
@@ -48,7 +49,9 @@ PROBES: dict[str, str] = {
         f"for d in {WRITABLE}; do [ -e $d ] && find $d -printf '%p %m %u %g %y %s\\n' "
         "2>&1 | sort; done"
     ),
-    "writable_places_space": f"for d in {WRITABLE}; do [ -d $d ] && stat -f -c '$d %f %a %d' $d; done",
+    "writable_places_space": (  # the tmpfs mounts (/run and /var/tmp sit on the host's disk)
+        f"for d in {TMPFS}; do [ -d $d ] && stat -f -c '%n %f %a %d' $d; done"
+    ),
     "sysv_ipc": "cat /proc/sysvipc/shm /proc/sysvipc/sem /proc/sysvipc/msg",
     "listening_sockets": (
         'python3 -c "import sys\n'
