@@ -19,6 +19,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -415,3 +416,40 @@ def test_episode_turns_carry_their_requests_into_the_egress_view(
         (3, "external_resource"),
     ]
     assert traffic[1]["detail"] == f"egress: 1 requests (pypi.test:{index})"
+
+
+def test_network_spec_per_run_and_per_task() -> None:
+    """One string carries the policy (a flag, SANDFLOW_NETWORK, a task's metadata.network);
+    a task's metadata overrides the run's policy for its episodes."""
+    from datasets_prep.task import Task
+    from tasks.loop import _End, _sandbox_config
+    from tasks.records import EpisodeRecord
+
+    lim = SandboxLimits(network="allowlist:pypi.org *.pythonhosted.org:443;10.0.0.0/8:80,8080")
+    assert lim.network == "allowlist"
+    assert lim.egress_allow == ("pypi.org", "*.pythonhosted.org:443", "10.0.0.0/8:80,8080")
+    run_cfg = SandboxConfig(limits=SandboxLimits(network="none", memory_mb=300))
+    record = EpisodeRecord(
+        run_id="r",
+        episode_id="e",
+        task_id="t",
+        domain="d",
+        mode="sandbox",
+        model="m",
+        started_at=datetime.now(UTC),
+    )
+
+    def task(**meta: object) -> Task:
+        return Task(id="t", domain="d", problem_statement="p", ground_truth="g", metadata=meta)
+
+    assert _sandbox_config(run_cfg, record, task()).limits.network == "none"
+    cfg = _sandbox_config(run_cfg, record, task(network="allowlist:files.example.org:443"))
+    assert (cfg.limits.network, cfg.limits.egress_allow) == (
+        "allowlist",
+        ("files.example.org:443",),
+    )
+    assert cfg.limits.memory_mb == 300 and cfg.episode_id == "e"
+    assert _sandbox_config(run_cfg, record, task(network="open")).limits.network == "open"
+    with pytest.raises(_End) as bad:
+        _sandbox_config(run_cfg, record, task(network="allowlist:bad|host"))
+    assert "task t: metadata.network" in str(bad.value.error) and "bad|host" in str(bad.value.error)
