@@ -367,3 +367,19 @@ def test_acquire_follows_the_reuse_setting(make_config: Callable[..., SandboxCon
         second.close()
     finally:
         close_all()
+
+
+def test_a_lease_without_wall_clock_is_not_cut_by_the_previous_one(
+    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig]
+) -> None:
+    p = pool()
+    first = p.acquire(make_config("short", wall_clock_s=2))
+    name = first.name
+    assert first.exec("echo ok").stdout == "ok\n"
+    first.close()
+    _wait_idle(p)
+    second = p.acquire(make_config("long"))
+    assert second.name == name
+    r = second.exec("sleep 8; echo done", timeout=30)
+    assert r.stdout == "done\n" and not r.timed_out  # the helper's lifetime was disarmed
+    second.close()
