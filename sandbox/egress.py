@@ -165,7 +165,6 @@ def _squid_conf(
         "visible_hostname sandflow-egress",
         "shutdown_lifetime 1 seconds",
         "forwarded_for delete",
-        "via off",
         "httpd_suppress_version_string on",
         # no cache: squid 5's memory cache served this machine's wheels back empty (see
         # docs/sandbox.md); a shared download cache is future work
@@ -173,18 +172,10 @@ def _squid_conf(
         "cache_mem 8 MB",
         # read ahead of a slow client far enough that a download streams (default 16 KB)
         "read_ahead_gap 4 MB",
-        "dns_v4_first on" if _squid_major() < 6 else "",
     ]
     if hosts_file is not None:
         conf.append(f"hosts_file {hosts_file}")
     return "\n".join(c for c in conf if c) + "\n" + squid_rules(policy)
-
-
-def _squid_major() -> int:
-    with contextlib.suppress(Exception):
-        out = _run(["squid", "-v"], check=False).stdout
-        return int(out.split("Version ", 1)[1].split(".", 1)[0])
-    return 5
 
 
 def _pid_alive(pid_file: Path) -> bool:

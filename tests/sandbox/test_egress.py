@@ -233,6 +233,7 @@ http("not_listed", "http://notallowed.test/")
 http("allowed_name_forbidden_addr", "http://meta.test/latest/meta-data/")
 http("allowed_name_private_addr", "http://lan.test/")
 http("metadata_ip", "http://169.254.169.254/latest/meta-data/")
+http("metadata_ip_as_mapped_v6", "http://[::ffff:169.254.169.254]/latest/meta-data/")
 http("host_loopback_other_port", "http://127.0.0.1:%d/" % cfg["loop_port"])
 http("listed_name_other_port", "http://pypi.test:%d/" % cfg["loop_port"])
 http("other_sandbox_via_proxy", "http://%s:%d/" % (cfg["peer"], cfg["peer_port"]))
@@ -282,6 +283,7 @@ def test_every_forbidden_path_is_refused(
             "allowed_name_forbidden_addr",
             "allowed_name_private_addr",
             "metadata_ip",
+            "metadata_ip_as_mapped_v6",
             "host_loopback_other_port",
             "listed_name_other_port",
             "other_sandbox_via_proxy",
@@ -313,7 +315,10 @@ def test_every_forbidden_path_is_refused(
             == f"deny: port {loop_probe.port} not allowed for pypi.test"
         )
         assert rules[(peer.egress_address, 8000)].startswith("deny: forbidden address")
-        assert len(rules) == 7
+        denied = [x for x in sb.egress_records(t0) if not x.allowed]
+        assert len(denied) == 8, denied  # one record per refused request
+        metadata = [x.rule for x in denied if "169.254" in x.host or "ffff" in x.host]
+        assert metadata == ["deny: forbidden address 169.254.0.0/16"] * 2  # plain + v6-mapped
         assert peer.egress_records(t0) == []  # another sandbox's requests are not its own
     finally:
         for p in probes:
