@@ -118,6 +118,8 @@ class DockerSandbox(HelperSandbox):
         self._holder: netns.Holder | None = None
         self.egress: egress.Endpoint | None = None  # network allowlist/open: its proxy
         self.egress_address = ""  # this sandbox's address on the egress network
+        # requests that ended before this are an earlier owner of the address
+        self._created_at = time.time()
         self.labels = make_labels(config, self.backend)
         t0 = time.perf_counter()
         ensure_image(self.client, self.image)
@@ -319,6 +321,7 @@ class DockerSandbox(HelperSandbox):
         (epoch seconds)."""
         if self.egress is None or not self.egress_address:
             return []
+        since = max(since, self._created_at)  # the engine reuses a removed sandbox's address
         return egress.read_records(
             self.egress, egress.policy_of(self.config.limits), self.egress_address, since, until
         )
