@@ -1121,7 +1121,13 @@ def wipe_as_user():
                 break
             data += chunk
     os.close(r)
-    kill_all()  # the wiper too, if it overran
+    if not data:  # the wiper overran (or died): it goes with everything else
+        others_gone()
+    for _ in range(200):  # the wiper exits right after its report
+        reap()
+        if pid in DEAD:
+            break
+        time.sleep(0.001)
     try:
         report = json.loads(data.decode() or "null")
     except ValueError:
@@ -1132,12 +1138,24 @@ def wipe_as_user():
 
 
 def others_gone():
-    """SIGKILL every process but us until none is left (False if it would not converge)."""
+    """SIGKILL every process but us until none is left (False if it would not converge).
+
+    kill(-1) reaches every process of the namespace in one kernel walk; the dead are
+    reaped (orphans are re-parented to us) and /proc is read again until only PID 1 is left.
+    """
+    if os.getpid() != 1:
+        return False
     deadline = time.monotonic() + RESET_KILL_S
+    pause = 0.001
     while time.monotonic() < deadline:
+        reap()
         if set(proc_table()) <= {1}:
             return True
-        kill_all()
+        with contextlib.suppress(OSError):
+            os.kill(-1, signal.SIGKILL)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    reap()
     return set(proc_table()) <= {1}
 
 
