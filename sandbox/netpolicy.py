@@ -192,7 +192,8 @@ class EgressPolicy:
 
 def squid_rules(policy: EgressPolicy) -> str:
     """The policy as squid `acl` / `http_access` lines (first match wins)."""
-    lines = ["acl CONNECT method CONNECT"]
+    # squid's cache manager (its own URLs) is no sandbox's business, whatever the mode
+    lines = ["acl CONNECT method CONNECT", "http_access deny manager"]
     lines.append("acl sf_forbidden dst " + " ".join(FORBIDDEN_NETS))
     listed = policy.listed_nets()
     if listed:

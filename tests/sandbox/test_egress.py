@@ -489,3 +489,33 @@ def test_log_reading_is_incremental_per_sandbox_and_bounded(tmp_path: Path) -> N
     late = egress.read_records(ep, policy, "10.0.0.2", 103, 300, egress.LogCursor())
     assert [r.time for r in late] == [103.0, 104.0, 105.0]
     assert len(late[2].url) == egress.MAX_FIELD  # every field from the log is bounded
+
+
+def test_open_mode_still_refuses_forbidden_addresses_and_the_proxy_itself(
+    sandbox_image: str, test_run_id: str
+) -> None:
+    """`open` lets any name through, never a forbidden address nor squid's own manager."""
+    from sandbox.engine import docker_client
+
+    lim = SandboxLimits(memory_mb=512, network="open", egress_hosts=("loop.test=127.0.0.1",))
+    api = docker_client().api
+    ep = egress.endpoint_for(api, lim)
+    try:
+        cfg = SandboxConfig(run_id=test_run_id, episode_id="open", limits=lim)
+        with open_sandbox(cfg) as sb:
+            t0 = time.time()
+            urls = [
+                "http://sandflow-egress:13128/squid-internal-mgr/info",
+                f"http://{ep.gateway}:13128/squid-internal-mgr/info",
+                "http://loop.test:8080/",
+                "http://169.254.169.254/",
+            ]
+            for u in urls:
+                r = sb.exec(f"curl -s -o /dev/null -w '%{{http_code}}' '{u}'")
+                assert r.stdout == "403", (u, r)
+            time.sleep(0.3)
+            records = sb.egress_records(t0)  # type: ignore[attr-defined]
+            assert len(records) == 4 and not any(x.allowed for x in records)
+            assert all(x.rule.startswith("deny: forbidden address") for x in records)
+    finally:
+        egress.teardown(api, ep)
