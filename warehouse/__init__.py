@@ -72,10 +72,11 @@ _EXPORTS = {
     "Warehouse": "warehouse.store",
     "default_root": "warehouse.store",
     "EpisodeWriter": "warehouse.writer",
-    "RecordError": "warehouse.writer",
+    "RecordError": "warehouse.commit",
 }
 
 if TYPE_CHECKING:
+    from warehouse.commit import RecordError
     from warehouse.compact import CompactionResult
     from warehouse.labels import CAPABILITIES, ScoreRow, UsageRow
     from warehouse.query import (
@@ -88,7 +89,7 @@ if TYPE_CHECKING:
     from warehouse.recovery import Orphan
     from warehouse.schema import SCHEMA_VERSION, TABLES, schema_for
     from warehouse.store import Warehouse, default_root
-    from warehouse.writer import EpisodeWriter, RecordError
+    from warehouse.writer import EpisodeWriter
 
 
 def __getattr__(name: str) -> Any:
