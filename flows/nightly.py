@@ -3,7 +3,10 @@ tokens -> rollouts -> report. Each step is a subflow, so the Prefect UI shows th
 as one tree and a failed step is visible by name. Re-running with the same run id
 resumes the run step (finished episodes are skipped) and redoes the cheap steps.
 
-This is the `sandflow bench` main job and the `nightly` deployment in prefect.yaml.
+`benchmark_flow(spec)` is what `sandflow bench` runs: the command builds the RunSpec.
+`nightly_flow` and `rl_data_flow` are the deployments of prefect.yaml: a scheduler fills
+their flat parameters (the knobs a schedule may set), which they turn into the same
+RunSpec once.
 """
 
 from __future__ import annotations
@@ -12,13 +15,74 @@ from typing import Any
 
 from prefect import flow
 
-from flows.export import rollouts_flow
+from datasets_prep.verifiers import JudgeEndpoint
 from flows.prepare import prepare_flow
-from flows.report_flow import report_flow
+from flows.report import report_flow
+from flows.rollouts import rollouts_flow
 from flows.run import make_task_runner, run_flow
 from flows.score import score_flow
 from flows.tokens import tokens_flow
 from flows.usage import usage_flow
+from tasks.spec import RunSpec
+from warehouse import DEFAULT_ROOT
+
+
+def _run(spec: RunSpec, task_runner: str, dask_address: str | None) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """prepare + run; returns both summaries and the prepared task-set file."""
+    warehouse = spec.warehouse or DEFAULT_ROOT
+    prep = prepare_flow(source=spec.task_set, warehouse=warehouse)
+    runner = make_task_runner(task_runner, spec.concurrency, dask_address)
+    run = run_flow.with_options(task_runner=runner)(
+        spec.model_copy(update={"task_set": prep["task_set"], "warehouse": warehouse})
+    )
+    return prep, run, prep["task_set"]
+
+
+def benchmark(
+    spec: RunSpec,
+    *,
+    task_runner: str = "thread",
+    dask_address: str | None = None,
+    verifier: str | None = None,
+    judge: JudgeEndpoint | None = None,
+    max_seq_tokens: int | None = None,
+    rollouts: bool = True,
+) -> dict[str, Any]:
+    """The benchmark's steps (inside a flow); returns every step's summary."""
+    prep, run, task_set = _run(spec, task_runner, dask_address)
+    rid, warehouse = run["run_id"], run["warehouse"]
+    out: dict[str, Any] = {"prepare": prep, "run": run}
+    out["score"] = score_flow(run_id=rid, warehouse=warehouse, task_set=task_set, verifier=verifier, judge=judge)
+    out["usage"] = usage_flow(run_id=rid, warehouse=warehouse)
+    out["tokens"] = tokens_flow(run_id=rid, warehouse=warehouse)
+    if rollouts:
+        out["rollouts"] = rollouts_flow(
+            run_id=rid, warehouse=warehouse, task_set=task_set, max_seq_tokens=max_seq_tokens
+        )
+    out["report"] = report_flow(run_id=rid, warehouse=warehouse)
+    return out
+
+
+@flow(name="sandflow-nightly", log_prints=False)
+def benchmark_flow(
+    spec: RunSpec,
+    task_runner: str = "thread",
+    dask_address: str | None = None,
+    verifier: str | None = None,
+    judge: JudgeEndpoint | None = None,
+    max_seq_tokens: int | None = None,
+    rollouts: bool = True,
+) -> dict[str, Any]:
+    """Benchmark a model on a task source end to end (`sandflow bench`)."""
+    return benchmark(
+        spec,
+        task_runner=task_runner,
+        dask_address=dask_address,
+        verifier=verifier,
+        judge=judge,
+        max_seq_tokens=max_seq_tokens,
+        rollouts=rollouts,
+    )
 
 
 @flow(name="sandflow-nightly", log_prints=False)
@@ -35,7 +99,7 @@ def nightly_flow(
     temperature: float = 0.7,
     max_tokens: int = 2048,
     wall_clock_s: float = 900.0,
-    warehouse: str = "warehouse_data",
+    warehouse: str = DEFAULT_ROOT,
     run_id: str | None = None,
     task_runner: str = "thread",
     dask_address: str | None = None,
@@ -45,11 +109,9 @@ def nightly_flow(
     rollouts: bool = True,
     request_timeout_s: float | None = None,
 ) -> dict[str, Any]:
-    """Benchmark a model on a task source end to end; returns every step's summary."""
-    prep = prepare_flow(source=source, warehouse=warehouse)
-    runner = make_task_runner(task_runner, concurrency, dask_address)
-    run = run_flow.with_options(task_runner=runner)(
-        task_set=prep["task_set"],
+    """The nightly deployment: benchmark a model on a task source end to end."""
+    spec = RunSpec(
+        task_set=source,
         model=model,
         base_url=base_url,
         mode=mode,
@@ -66,17 +128,14 @@ def nightly_flow(
         network=network,
         request_timeout_s=request_timeout_s,
     )
-    rid = run["run_id"]
-    out: dict[str, Any] = {"prepare": prep, "run": run}
-    out["score"] = score_flow(run_id=rid, warehouse=warehouse, task_set=prep["task_set"], verifier=verifier)
-    out["usage"] = usage_flow(run_id=rid, warehouse=warehouse)
-    out["tokens"] = tokens_flow(run_id=rid, warehouse=warehouse)
-    if rollouts:
-        out["rollouts"] = rollouts_flow(
-            run_id=rid, warehouse=warehouse, task_set=prep["task_set"], max_seq_tokens=max_seq_tokens
-        )
-    out["report"] = report_flow(run_id=rid, warehouse=warehouse)
-    return out
+    return benchmark(
+        spec,
+        task_runner=task_runner,
+        dask_address=dask_address,
+        verifier=verifier,
+        max_seq_tokens=max_seq_tokens,
+        rollouts=rollouts,
+    )
 
 
 @flow(name="sandflow-rl-data", log_prints=False)
@@ -91,7 +150,7 @@ def rl_data_flow(
     max_steps: int = 30,
     temperature: float = 1.0,
     max_tokens: int = 2048,
-    warehouse: str = "warehouse_data",
+    warehouse: str = DEFAULT_ROOT,
     run_id: str | None = None,
     task_runner: str = "thread",
     dask_address: str | None = None,
@@ -101,10 +160,8 @@ def rl_data_flow(
 ) -> dict[str, Any]:
     """LLM-in-Sandbox-RL data: sandbox mode, k samples per task at temperature 1.0,
     scored, exported with group advantages (RLOO, as the paper; GRPO beside it)."""
-    prep = prepare_flow(source=source, warehouse=warehouse)
-    runner = make_task_runner(task_runner, concurrency, dask_address)
-    run = run_flow.with_options(task_runner=runner)(
-        task_set=prep["task_set"],
+    spec = RunSpec(
+        task_set=source,
         model=model,
         base_url=base_url,
         mode="sandbox",
@@ -120,7 +177,8 @@ def rl_data_flow(
         logprobs=logprobs,
         return_token_ids=return_token_ids,
     )
+    prep, run, task_set = _run(spec, task_runner, dask_address)
     rid = run["run_id"]
-    score = score_flow(run_id=rid, warehouse=warehouse, task_set=prep["task_set"])
-    export = rollouts_flow(run_id=rid, warehouse=warehouse, task_set=prep["task_set"], max_seq_tokens=max_seq_tokens)
+    score = score_flow(run_id=rid, warehouse=warehouse, task_set=task_set)
+    export = rollouts_flow(run_id=rid, warehouse=warehouse, task_set=task_set, max_seq_tokens=max_seq_tokens)
     return {"prepare": prep, "run": run, "score": score, "rollouts": export}

@@ -1,7 +1,14 @@
-"""`sandflow`: one CLI over the library. Each room registers its own commands.
+"""`sandflow`: the one CLI. Every command lives in sandflow/commands/, one module per
+group (the libraries below have no CLI of their own):
 
-Sub-modules import their heavy dependencies (docker, prefect, duckdb) inside the
-command bodies, so `sandflow --help` stays fast.
+    commands/episode.py    run, serve                  (tasks/)
+    commands/tasksets.py   tasks ...                   (datasets_prep/)
+    commands/sandbox.py    image ..., sandbox ...      (sandbox/)
+    commands/sql.py        sql, warehouse ...          (warehouse/)
+    commands/pipeline.py   bench, flows ...            (flows/, analysis/)
+
+Command modules import their heavy dependencies (docker, prefect, duckdb) inside the
+command bodies, so `sandflow --help` stays fast. Errors: sandflow/errors.py.
 """
 
 from __future__ import annotations
@@ -23,16 +30,10 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from datasets_prep import cli as datasets_cli
-    from flows import cli as flows_cli
-    from sandbox import cli as sandbox_cli
-    from tasks import cli as tasks_cli
-    from warehouse import cli as warehouse_cli
+    from sandflow.commands import episode, pipeline, sandbox, sql, tasksets
 
-    for module in (sandbox_cli, tasks_cli, warehouse_cli, datasets_cli, flows_cli):
+    for module in (sandbox, episode, sql, tasksets, pipeline):
         module.register(app)
-
-
 
 
 def _version(value: bool) -> None:

@@ -60,6 +60,10 @@ class WarehouseQueryError(WarehouseError):
     pass
 
 
+class RunNotFound(WarehouseError):
+    """The warehouse holds no episodes of the run asked for (the message lists recent runs)."""
+
+
 def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from datasets_prep.verifiers import choice, instruct, judge, mathv, numeric, text  # noqa: F401  (register)
+from datasets_prep.verifiers import choice, instruct, mathv, numeric, text  # noqa: F401  (register)
 from datasets_prep.verifiers.base import DESCRIPTIONS, REGISTRY, VerifierError, VerifierResult
+from datasets_prep.verifiers.judge import JudgeEndpoint
 
 if TYPE_CHECKING:
     from datasets_prep.task import Task
@@ -74,14 +75,28 @@ def get(name: str) -> Any:
         raise VerifierError(f"unknown verifier {name!r}; known: auto, {', '.join(sorted(REGISTRY))}") from None
 
 
-def score(task: Task, answer: Any, verifier: str | None = None) -> VerifierResult:
+def score(
+    task: Task, answer: Any, verifier: str | None = None, *, judge: JudgeEndpoint | None = None
+) -> VerifierResult:
     """Score one answer for one task. `verifier=None` or "auto" picks by the task.
 
     A malformed or empty answer scores 0 with a reason; an unusable ground truth
-    or an unknown verifier raises VerifierError (the task's fault, not the model's)."""
+    or an unknown verifier raises VerifierError (the task's fault, not the model's).
+    `judge`: the endpoint of the LLM judge, used only by verifier="judge"."""
     name = choose(task) if verifier in (None, "", "auto") else str(verifier)
     fn = get(name)
+    if name == "judge":
+        return fn(answer, task.ground_truth, task, endpoint=judge)
     return fn(answer, task.ground_truth, task)
 
 
-__all__ = ["VerifierResult", "VerifierError", "score", "choose", "available", "get", "REGISTRY"]
+__all__ = [
+    "JudgeEndpoint",
+    "VerifierResult",
+    "VerifierError",
+    "score",
+    "choose",
+    "available",
+    "get",
+    "REGISTRY",
+]
