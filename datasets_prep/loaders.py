@@ -158,7 +158,7 @@ def load_rows(source: str, *, limit: int | None = None, split: str | None = None
         raise SourceError(f"{source!r} is a directory, not a table file or a saved HF dataset")
     if not path.exists():
         raise SourceError(
-            f"{source!r}: no such file; it is neither a built-in suite (see `sandflow tasks suites`) "
-            "nor a hub dataset (written hf:NAME[:CONFIG][@SPLIT])"
+            f"{source!r}: no such file, and not a built-in suite (see `sandflow tasks suites`); "
+            "a hub dataset is written hf:NAME[:CONFIG][@SPLIT]"
         )
     return load_local(path, limit=limit)

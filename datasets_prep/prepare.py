@@ -40,7 +40,7 @@ def _is_taskset_file(path: Path) -> bool:
         first = next(iter(iter_jsonl(path)), None)
     except Exception:  # unreadable: read_taskset names the problem
         return True
-    return first is None or "__taskset__" in first[1] or all(c in first[1] for c in TASK_COLUMNS)
+    return first is not None and ("__taskset__" in first[1] or all(c in first[1] for c in TASK_COLUMNS))
 
 
 def looks_like_tasks(rows: list[dict[str, Any]]) -> bool:
@@ -73,6 +73,11 @@ def load_taskset(
         ts = build_suite(source, seed=seed, size=size)
     elif is_file and not path.exists():
         raise SourceError(f"task set file {path} does not exist")
+    elif mapping is None and not source.startswith("hf:") and not path.exists():
+        raise SourceError(
+            f"{source!r} is neither a built-in suite ({', '.join(SUITES)}) nor a hub dataset "
+            "(written hf:NAME[:CONFIG][@SPLIT]), and there is no such file"
+        )
     elif is_file and mapping is None and _is_taskset_file(path):
         ts = read_taskset(path)
         if size is not None and size < len(ts):

@@ -35,15 +35,17 @@ class VerifierError(ValueError):
     """The ground truth or the verifier choice is unusable (not the answer's fault)."""
 
 
-VerifierFn = Callable[[Any, Any, "Task | None"], VerifierResult]
+VerifierFn = Callable[..., VerifierResult]  # (answer, ground_truth, task, **inputs)
 REGISTRY: dict[str, VerifierFn] = {}
 DESCRIPTIONS: dict[str, str] = {}
 
 
 def register(name: str, description: str) -> Callable[[VerifierFn], VerifierFn]:
     def deco(fn: VerifierFn) -> VerifierFn:
-        def wrapped(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
-            r = fn(answer, ground_truth, task)
+        def wrapped(
+            answer: Any, ground_truth: Any, task: Task | None = None, **inputs: Any
+        ) -> VerifierResult:
+            r = fn(answer, ground_truth, task, **inputs)  # inputs: e.g. the judge's endpoint
             if not r.verifier:
                 r.verifier = name
             return r
