@@ -4,8 +4,11 @@ Every command reports a problem the user can fix through `fail`: ``Error: <sente
 red on stderr (never a traceback as the only clue), and exits with one of these codes:
 
     0    done
-    1    EXIT_FAILED       the work ran and failed (a pipeline step, a query, a check that found bad files)
-    2    EXIT_USAGE        bad input: a flag, a file, a source, a setting; nothing was changed
+    1    EXIT_FAILED       the work ran and failed: a query, a check that found bad files, a
+                           `flows`/`bench` step (whatever stopped it, bad input included: the
+                           flow found it while running)
+    2    EXIT_USAGE        bad input caught before any work: a flag, a file, a source, a
+                           setting; nothing was changed
     3    EXIT_INFRA        the model endpoint or the sandbox failed mid-episode (`sandflow run`)
     130  EXIT_INTERRUPTED  Ctrl+C / SIGTERM; resume with the same --run-id
 
