@@ -79,6 +79,11 @@ TASKSET_SCHEMA = pa.schema(
                     pa.field("verifier", pa.string()),
                     pa.field("input_files", pa.string()),  # JSON object name -> text
                     pa.field("metadata", pa.string()),  # JSON
+                    # The whole task, as LLM-in-Sandbox-RL's rllm environment reads it
+                    # from extra_info (its `prompt` is a placeholder there).
+                    pa.field("id", pa.string()),
+                    pa.field("problem_statement", pa.string()),
+                    pa.field("ground_truth", pa.string()),  # text; JSON for non-strings
                 ]
             ),
         ),
@@ -150,7 +155,12 @@ PromptFn = Callable[[Task], list[dict[str, Any]]]
 def taskset_rows(
     tasks: Iterable[Task], prompt_fn: PromptFn, *, source: str = "sandflow", split: str = "train"
 ) -> list[dict[str, Any]]:
-    """verl/rllm rows. `prompt_fn(task)` gives the chat messages the policy starts from."""
+    """verl/rllm rows. `prompt_fn(task)` gives the chat messages the policy starts from.
+
+    `extra_info` carries the whole task (id, problem_statement, ground_truth, domain,
+    input_files as JSON, qa_type): LLM-in-Sandbox-RL's environment builds its episode and
+    its reward from there alone.
+    """
     rows = []
     for i, t in enumerate(tasks):
         messages = [
@@ -171,6 +181,9 @@ def taskset_rows(
                     "verifier": t.verifier,
                     "input_files": _files_json(t.input_files),
                     "metadata": json.dumps(t.metadata, ensure_ascii=False, default=str),
+                    "id": t.id,
+                    "problem_statement": t.problem_statement,
+                    "ground_truth": _ground_truth_text(t.ground_truth),
                 },
             }
         )

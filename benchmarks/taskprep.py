@@ -18,9 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+# The repo's packages first: benchmarks/warehouse.py must not shadow the warehouse package.
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
 def _corpus(n: int, chars: int, seed: int = 0) -> list[dict]:

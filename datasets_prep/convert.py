@@ -17,12 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from datasets_prep.paths import UnsafePathError, read_inside, show
 from datasets_prep.task import (
     DOCUMENTS_DIR,
-    MAX_FILE_BYTES,
     Task,
     TaskValidationError,
-    human_bytes,
     make_task,
 )
 
@@ -205,25 +204,28 @@ def build_prompt(question: str, choices: list[str] | None, note: str | None) -> 
     return "\n\n".join(parts)
 
 
-def _read_document(path_value: Any, base_dir: Path | None, where: str) -> str:
-    p = Path(str(path_value))
-    if not p.is_absolute() and base_dir is not None:
-        p = base_dir / p
-    try:
-        size = p.stat().st_size
-    except FileNotFoundError:
-        raise TaskValidationError(f"{where}: context_path: {str(p)!r} does not exist") from None
-    if size > MAX_FILE_BYTES:
+def _read_document(path_value: Any, base_dir: Path | None, where: str, column: str) -> str:
+    """A context_path document, strictly inside the table's folder (datasets_prep.paths):
+    `..`, absolute paths, /proc/..., and symlinks that leave the folder are refused."""
+    field = f"context_path (column {column!r})"
+    if base_dir is None:
         raise TaskValidationError(
-            f"{where}: context_path: {str(p)!r} is {human_bytes(size)}, over the limit of "
-            f"{human_bytes(MAX_FILE_BYTES)} per file (SANDFLOW_MAX_FILE_BYTES)"
+            f"{where}: {field}: {str(path_value)!r}: paths are read relative to the table's "
+            "folder, and this source has none (a hub dataset, or rows given in Python without "
+            "base_dir); put the text in a context column instead"
         )
-    data = p.read_bytes()
+    if not isinstance(path_value, str):
+        raise TaskValidationError(f"{where}: {field}: expected a path, got {type(path_value).__name__}")
+    try:
+        data = read_inside(base_dir, path_value)
+    except UnsafePathError as e:
+        raise TaskValidationError(f"{where}: {field}: {e}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise TaskValidationError(
-            f"{where}: context_path: {str(p)!r} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})"
+            f"{where}: {field}: {show(path_value)} is not valid UTF-8 "
+            f"(byte 0x{data[e.start]:02x} at offset {e.start})"
         ) from None
 
 
@@ -264,7 +266,7 @@ def convert_rows(
             raise TaskValidationError(f"{where}: {m.answer} (answer): empty")
         context: Any = row.get(m.context) if m.context else None
         if m.context_path and row.get(m.context_path):
-            context = _read_document(row[m.context_path], base_dir, where)
+            context = _read_document(row[m.context_path], base_dir, where, m.context_path)
         if isinstance(context, bytes):
             raise TaskValidationError(f"{where}: {m.context} (context): binary value, expected text")
         title = str(row[m.title]) if m.title and row.get(m.title) else None

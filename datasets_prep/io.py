@@ -19,19 +19,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from datasets_prep import limits as L
 from datasets_prep.task import (
     Task,
     TaskSet,
     TaskValidationError,
     decode_maybe_bytes,
     encode_bytes,
-    human_bytes,
     make_task,
 )
 
 FORMAT_KEY = b"sandflow.taskset"
 FORMAT_VERSION = 1
-MAX_TABLE_BYTES = int(os.environ.get("SANDFLOW_MAX_TABLE_BYTES", 1024 * 1024 * 1024))
 PEER_COLUMNS = ("id", "domain", "problem_statement", "ground_truth", "input_files", "qa_type")
 TASK_FIELDS = frozenset(Task.model_fields)
 
@@ -43,16 +42,16 @@ class TaskSetIOError(ValueError):
 
 
 # --------------------------------------------------------------------------- helpers
-def check_size(path: Path, limit: int = MAX_TABLE_BYTES, what: str = "file") -> int:
+def check_size(path: Path, what: str = "file") -> int:
     """Stat before reading: a 2 GB file is refused without allocating anything."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         raise TaskSetIOError(f"{what} {str(path)!r} does not exist") from None
-    if size > limit:
+    if size > L.LIMITS.max_table_bytes:
         raise TaskSetIOError(
-            f"{what} {str(path)!r} is {human_bytes(size)}, over the limit of {human_bytes(limit)} "
-            "(raise it with SANDFLOW_MAX_TABLE_BYTES, or split the file)"
+            L.over_limit(f"{what} {str(path)!r}", size, "max_table_bytes", "per table")
+            + "; raise it or split the file"
         )
     return size
 

@@ -3,9 +3,11 @@
 Rows in llm-in-sandbox's format (id, domain, problem_statement, ground_truth,
 input_files, qa_type) load as they are, so users can bring their existing data.
 
-A `Task` validates itself (safe file names, bounded sizes, non-empty text) so that
-a bad row fails here, with its id and field named, and never deep inside a
-sandbox. A `TaskSet` is an ordered, id-unique list of tasks identified by a
+A `Task` validates itself (safe file names, bounded sizes of files *and* text,
+valid UTF-8 everywhere, no secret from the environment, a ground truth its verifier
+can use) so that a bad row fails here, with its id and field named, and never deep
+inside a sandbox, a Parquet writer or a reward. The bounds live in
+`datasets_prep.limits`. A `TaskSet` is an ordered, id-unique list of tasks identified by a
 content hash: the same source and seed give the same hash, so runs can say
 exactly which data they used.
 """
@@ -15,24 +17,33 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from datasets_prep import limits as L
+from datasets_prep.limits import human_bytes as human_bytes  # re-exported (cli, callers)
+from datasets_prep.paths import name_problem
+from datasets_prep.verifiers.base import VerifierError
 
 # Where the episode runner places `input_files` inside the sandbox. Prompts built
 # here name this directory; a task may override it with metadata["input_dir"].
 DOCUMENTS_DIR = "/testbed/documents"
 
-# Limits. Generous for real long-context work (a whole play is ~150 KB), small
-# enough that a runaway document is caught before it is read or copied around.
-MAX_FILE_BYTES = int(os.environ.get("SANDFLOW_MAX_FILE_BYTES", 64 * 1024 * 1024))
-MAX_TASK_BYTES = int(os.environ.get("SANDFLOW_MAX_TASK_BYTES", 256 * 1024 * 1024))
-MAX_FILES_PER_TASK = 10_000
-MAX_NAME_CHARS = 255
+# Size bounds: datasets_prep.limits (one place, env-configurable). Names and labels:
+MAX_NAME_CHARS = 255  # one component of an input file name
+MAX_LABEL_CHARS = 200  # id, domain, qa_type, verifier
+MAX_NESTING = 64  # levels of lists/dicts in ground_truth and metadata
 
 KNOWN_QA_TYPES = (
     "math",  # a mathematical answer: checked by math-verify
@@ -49,20 +60,21 @@ class TaskValidationError(ValueError):
     """A task or task set failed validation; the message names the row and field."""
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
+class GroundTruthError(TaskValidationError, VerifierError):
+    """A task's ground truth no verifier can use, found when the task is built (it is
+    both: a validation error of the row, and the VerifierError scoring would raise)."""
 
 
 def check_file_name(name: str) -> str:
-    """Accept only relative POSIX paths that stay inside the input directory."""
+    """Accept only relative POSIX paths that stay inside the input directory, in UTF-8,
+    without control or bidirectional-override characters."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError("file name is empty")
     if "\x00" in name:
         raise ValueError(f"file name {name!r} contains a NUL byte")
+    bad = name_problem(name)
+    if bad and not bad.startswith(("is an absolute", "contains '..'")):  # said better below
+        raise ValueError(f"file name {name!r} {bad}")
     if "\\" in name:
         raise ValueError(f"file name {name!r} contains a backslash; use '/' between folders")
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
@@ -79,11 +91,85 @@ def check_file_name(name: str) -> str:
 
 def content_size(content: str | bytes) -> int:
     """Bytes a file will take in the sandbox (UTF-8 for text)."""
-    if isinstance(content, bytes):
+    if isinstance(content, bytes) or content.isascii():  # isascii is O(1) in CPython
         return len(content)
-    if len(content) > MAX_FILE_BYTES:  # utf-8 takes at least one byte per character
+    if len(content) > L.LIMITS.max_task_bytes:  # utf-8 takes at least one byte per character
         return len(content)
     return len(content.encode("utf-8", "surrogatepass"))
+
+
+def text_size(text: str, field: str) -> int:
+    """UTF-8 size of one text field, refused over `max_text_bytes` (checked on the length
+    first, so a 50 MB statement is refused without being encoded) or when not UTF-8."""
+    limit = L.LIMITS.max_text_bytes
+    if len(text) > limit:  # at least one byte per character
+        raise ValueError(L.over_limit("the text", len(text), "max_text_bytes", "per text field"))
+    if text.isascii():
+        return len(text)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"not valid UTF-8 text (a lone surrogate {text[e.start]!r} at offset {e.start}; "
+            "the source held undecodable bytes or a broken \\u escape)"
+        ) from None
+    if size > limit:
+        raise ValueError(L.over_limit("the text", size, "max_text_bytes", "per text field"))
+    return size
+
+
+def structured_size(value: Any, field: str) -> int:
+    """About the JSON size of a ground truth or metadata value, refused over
+    `max_text_bytes`, when nested deeper than MAX_NESTING, or when a string or key in it
+    is not UTF-8 (Parquet and the records would fail later without naming the row)."""
+    limit = L.LIMITS.max_text_bytes
+    size = 0
+    stack: list[tuple[Any, int, str]] = [(value, 0, field)]
+    while stack:
+        v, depth, where = stack.pop()
+        if depth > MAX_NESTING:
+            raise ValueError(f"{where}: nested more than {MAX_NESTING} levels deep")
+        try:
+            if isinstance(v, str):
+                size += text_size(v, field) + 2
+            elif isinstance(v, bytes):
+                size += len(v)
+            elif isinstance(v, Mapping):
+                size += 2
+                for k, x in v.items():
+                    key = str(k)
+                    try:
+                        size += text_size(key, field) + 4
+                    except ValueError as e:
+                        raise ValueError(f"a key of {where}: {e}") from None
+                    stack.append((x, depth + 1, f"{where}[{key!r}]"))
+            elif isinstance(v, list | tuple | set | frozenset):
+                size += 2 + len(v)
+                stack.extend((x, depth + 1, f"{where}[{i}]") for i, x in enumerate(v))
+            else:
+                size += 8
+        except ValueError as e:
+            if where == field or str(e).startswith(("the text", "a key of")):
+                raise
+            raise ValueError(f"{where}: {e}") from None
+        if size > limit:
+            raise ValueError(L.over_limit("the value", size, "max_text_bytes", "per text field"))
+    return size
+
+
+def iter_strings(value: Any) -> Iterator[str | bytes]:
+    """Every string (and key) inside a JSON-like value, without recursion."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str | bytes):
+            yield v
+        elif isinstance(v, Mapping):
+            for k, x in v.items():
+                yield str(k)
+                stack.append(x)
+        elif isinstance(v, list | tuple | set | frozenset):
+            stack.extend(v)
 
 
 class Task(BaseModel):
@@ -103,28 +189,41 @@ class Task(BaseModel):
     def _non_empty(cls, v: str, info: Any) -> str:
         if not isinstance(v, str) or not v.strip():
             raise ValueError(f"{info.field_name} is empty")
-        _check_text(v, info.field_name)
+        text_size(v, info.field_name)  # the length first: a 50 MB statement is not encoded
         return v
 
-    @field_validator("id")
+    @field_validator("id", "domain", "qa_type", "verifier")
     @classmethod
-    def _id_shape(cls, v: str) -> str:
-        if len(v) > 200:
-            raise ValueError(f"id is {len(v)} characters long; at most 200 allowed")
-        if any(c in v for c in "\n\r\t\x00"):
-            raise ValueError("id contains a control character")
+    def _label(cls, v: str | None, info: Any) -> str | None:
+        if v is None:
+            return v
+        if len(v) > MAX_LABEL_CHARS:
+            raise ValueError(f"{info.field_name} is {len(v)} characters long; at most {MAX_LABEL_CHARS} allowed")
+        if any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError(f"{info.field_name} contains a control character")
+        text_size(v, info.field_name)
+        return v
+
+    @field_validator("ground_truth", "metadata")
+    @classmethod
+    def _structured(cls, v: Any, info: Any) -> Any:
+        structured_size(v, info.field_name)
         return v
 
     @field_validator("input_files")
     @classmethod
     def _files(cls, files: dict[str, str | bytes]) -> dict[str, str | bytes]:
-        if len(files) > MAX_FILES_PER_TASK:
-            raise ValueError(f"{len(files)} input files; at most {MAX_FILES_PER_TASK} allowed")
+        lim = L.LIMITS
+        if len(files) > lim.max_files_per_task:
+            raise ValueError(
+                f"{len(files)} input files; at most {lim.max_files_per_task} allowed "
+                f"({L.env_name('max_files_per_task')})"
+            )
         total = 0
         for name, content in files.items():
             check_file_name(name)
             # bytes: their length; text longer than the limit in characters is too big already
-            if isinstance(content, bytes) or len(content) > MAX_FILE_BYTES:
+            if isinstance(content, bytes) or content.isascii() or len(content) > lim.max_file_bytes:
                 size = len(content)
             else:  # one encode both sizes the text and proves it is valid UTF-8
                 try:
@@ -133,23 +232,42 @@ class Task(BaseModel):
                     raise ValueError(
                         f"input file {name!r} is not valid UTF-8 text (bad character at offset {e.start})"
                     ) from None
-            if size > MAX_FILE_BYTES:
-                raise ValueError(
-                    f"input file {name!r} is {human_bytes(size)}, over the limit of "
-                    f"{human_bytes(MAX_FILE_BYTES)} per file (SANDFLOW_MAX_FILE_BYTES)"
-                )
+            if size > lim.max_file_bytes:
+                raise ValueError(L.over_limit(f"input file {name!r}", size, "max_file_bytes", "per file"))
             total += size
-        if total > MAX_TASK_BYTES:
-            raise ValueError(
-                f"input files total {human_bytes(total)}, over the limit of "
-                f"{human_bytes(MAX_TASK_BYTES)} per task (SANDFLOW_MAX_TASK_BYTES)"
-            )
+        if total > lim.max_task_bytes:
+            raise ValueError(L.over_limit("input files total", total, "max_task_bytes", "per task"))
         return files
 
     @model_validator(mode="after")
-    def _ground_truth_present(self) -> Task:
-        if self.qa_type != "instruction" and _is_empty(self.ground_truth):
+    def _whole_task(self, info: ValidationInfo) -> Task:
+        """Checks over several fields. `context={"adhoc": True}` (a `sandflow run` query,
+        or re-checking a task before it enters a sandbox) skips the ground-truth checks."""
+        adhoc = bool(info.context and info.context.get("adhoc"))
+        if not adhoc and self.qa_type != "instruction" and _is_empty(self.ground_truth):
             raise ValueError("ground_truth is empty")
+        total = (
+            self.input_bytes
+            + content_size(self.problem_statement)
+            + structured_size(self.ground_truth, "ground_truth")
+            + structured_size(self.metadata, "metadata")
+        )
+        if total > L.LIMITS.max_task_bytes:
+            raise ValueError(L.over_limit("the task (files and text)", total, "max_task_bytes", "per task"))
+        secret = find_secret_in_task(self)
+        if secret is not None:
+            where, name = secret
+            raise ValueError(
+                f"{where}: holds the value of the environment variable {name}; a secret must never "
+                "go into a task (it would reach the sandbox and the records). Remove it from the "
+                f"data, or unset {name} if that value is not secret"
+            )
+        # An instruction task may come without its checker spec (run for trajectories only);
+        # scoring it raises VerifierError. Every other ground truth must suit its verifier.
+        if not adhoc and not (self.qa_type == "instruction" and _is_empty(self.ground_truth)):
+            from datasets_prep.verifiers import check_ground_truth
+
+            check_ground_truth(self)  # VerifierError: unusable by the verifier scoring would use
         return self
 
     # --- derived -----------------------------------------------------------------
@@ -218,12 +336,43 @@ def _is_empty(v: Any) -> bool:
     return False
 
 
-def _check_text(text: str, what: str) -> None:
-    """Reject text carrying undecodable bytes (surrogate escapes from a bad decode)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{what} is not valid UTF-8 text (bad character at offset {e.start})") from None
+def _env_secrets() -> dict[str, str]:
+    """The secret values of the environment, by variable name.
+
+    datasets_prep.secrets is the one definition of "secret": the warehouse scrubs the
+    records with it too (it sits in the lowest layer so both can use it)."""
+    from datasets_prep.secrets import secret_env_values
+
+    return secret_env_values()
+
+
+def find_secret_in_task(task: Task, secrets: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """(field, variable) when a secret value of the environment occurs anywhere in the
+    task's content — statement, files, ground truth, metadata — else None."""
+    from datasets_prep.secrets import find_secret
+
+    secrets = _env_secrets() if secrets is None else secrets
+    if not secrets:
+        return None
+    checks: list[tuple[str, Any]] = [("problem_statement", task.problem_statement), ("id", task.id)]
+    checks += [(f"input_files[{name!r}]", content) for name, content in task.input_files.items()]
+    checks += [(f"input_files[{name!r}] (its name)", name) for name in task.input_files]
+    checks += [("ground_truth", task.ground_truth), ("metadata", task.metadata)]
+    for where, value in checks:
+        for text in iter_strings(value):
+            name = find_secret(text, secrets)
+            if name is not None:
+                return where, name
+    return None
+
+
+def check_runnable(task: Task) -> None:
+    """Re-check a task right before it goes into a sandbox or a record, whoever built it
+    (`Task.model_construct` skips validation): names, sizes, UTF-8, secrets. Raises
+    TaskValidationError naming the task and the field."""
+    make_task(
+        {k: getattr(task, k) for k in Task.model_fields}, f"task {task.id!r}", adhoc=True
+    )
 
 
 def encode_bytes(b: bytes) -> dict[str, str]:
@@ -240,18 +389,24 @@ def format_validation_error(e: ValidationError, where: str) -> str:
     """One readable line per problem: `row 3 (id 'x'): field: message`."""
     lines = []
     for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "task"
+        loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"{where}: {loc}: {msg}")
+        lines.append(f"{where}: {loc}: {msg}" if loc else f"{where}: {msg}")
     return "\n".join(lines)
 
 
-def make_task(row: dict[str, Any], where: str) -> Task:
-    """Build a task, turning pydantic's error into one that names the row and field."""
+def make_task(row: dict[str, Any], where: str, *, adhoc: bool = False) -> Task:
+    """Build a task, turning pydantic's error into one that names the row and field.
+
+    An unusable ground truth raises GroundTruthError (a TaskValidationError and a
+    VerifierError). `adhoc=True`: a task without ground truth (`sandflow run`)."""
     try:
-        return Task.model_validate(row)
+        return Task.model_validate(row, context={"adhoc": adhoc})
     except ValidationError as e:
-        raise TaskValidationError(format_validation_error(e, where)) from None
+        message = format_validation_error(e, where)
+        if any(isinstance((err.get("ctx") or {}).get("error"), VerifierError) for err in e.errors()):
+            raise GroundTruthError(message) from None
+        raise TaskValidationError(message) from None
 
 
 class TaskSet(BaseModel):

@@ -11,9 +11,12 @@ namespace too, with user-mode NAT by slirp4netns (sandbox.bwrap_net): outbound t
 works, the host's 127.0.0.1 services and other sandboxes do not answer; "host" shares
 the host's network namespace (everything on the host's loopback answers: opt-in only).
 
-Identity: as root, the sandbox drops to uid 1000 with `setpriv` (no capabilities, empty
-bounding set, no_new_privs); as a normal user, an unprivileged user namespace maps the
-caller to uid 1000 (`--unshare-user --uid 1000`).
+Identity: as root, `setpriv` leaves the helper (PID 1) uid 0 with only CAP_SETUID,
+CAP_SETGID, CAP_KILL and CAP_SETPCAP and no_new_privs; every process it starts runs as uid
+1000 with no capability and an empty bounding set (sandbox/_helper.py: the sandbox user
+cannot reach the helper's pipes). As a normal user, an unprivileged user namespace maps
+the caller to uid 1000 (`--unshare-user --uid 1000`): one uid for all, so only the
+helper's non-dumpable mark keeps its pipes out of reach.
 
 Limits: as root on a cgroup v1 host, each sandbox gets its own memory (+swap), pids and
 cpu cgroup, so they are enforced like docker's. Without cgroups the helper applies
@@ -32,13 +35,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from sandbox import registry
+from sandbox import reaper, registry
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.bwrap_net import RESOLV_CONF, UserNat, read_child_pid, slirp_available
-from sandbox.common import HOME, HelperSandbox
+from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSandbox, privsep
 from sandbox.gc import write_bwrap_state
 from sandbox.labels import make_labels
-from sandbox.protocol import BOOT_ARGV, HelperClient, TransportClosed
+from sandbox.protocol import BOOT_ARGV, TransportClosed
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PARENT = "sandflow"
@@ -172,7 +175,9 @@ class BwrapSandbox(HelperSandbox):
 
     def __init__(self, config: SandboxConfig) -> None:
         super().__init__(config)
-        why = bwrap_available() or (slirp_available() if config.limits.network == "bridge" else None)
+        why = bwrap_available() or (
+            slirp_available() if config.limits.network == "bridge" else None
+        )
         if why:
             raise SandboxError(why)
         self.rootfs = _rootfs_for(config.image)
@@ -189,6 +194,7 @@ class BwrapSandbox(HelperSandbox):
         self.nat: UserNat | None = None
         self.state_file: Path | None = None
         t0 = time.perf_counter()
+        reaper.ensure_started(docker=False)  # a kill -9 of ours leaves no cgroup nor state file
         self._start()
         self.start_s = time.perf_counter() - t0
 
@@ -221,11 +227,22 @@ class BwrapSandbox(HelperSandbox):
         for k, v in self._environment().items():
             argv += ["--setenv", k, v]
         argv += ["--"]
-        if root:
+        if root and privsep():
+            # The helper stays uid 0 with four capabilities (the bounding set caps what an
+            # exec as root gets); it starts everything else as the sandbox user, capless.
+            caps = ",".join("+" + c.lower() for c in HELPER_CAPS)
             argv += [
                 "/usr/bin/setpriv",
-                "--reuid=1000",
-                "--regid=1000",
+                "--clear-groups",
+                "--inh-caps=-all",
+                f"--bounding-set=-all,{caps}",
+                "--no-new-privs",
+            ]
+        elif root:
+            argv += [
+                "/usr/bin/setpriv",
+                f"--reuid={SANDBOX_UID}",
+                f"--regid={SANDBOX_GID}",
                 "--clear-groups",
                 "--inh-caps=-all",
                 "--bounding-set=-all",
@@ -240,6 +257,7 @@ class BwrapSandbox(HelperSandbox):
         env = {**image_env(), **self.config.env, "HOME": HOME, "USER": "sandbox"}
         env["SANDFLOW_WORKDIR"] = self.config.workdir
         env["SANDFLOW_PIDS_LIMIT"] = str(lim.pids)
+        env["SANDFLOW_UID"], env["SANDFLOW_GID"] = str(SANDBOX_UID), str(SANDBOX_GID)
         if lim.wall_clock_s:
             env["SANDFLOW_LIFETIME_S"] = str(lim.wall_clock_s + 5.0)
         if self.cgroups is None:
@@ -293,7 +311,7 @@ class BwrapSandbox(HelperSandbox):
             for fd in [*fds, info_r]:
                 if fd >= 0:
                     os.close(fd)
-        self._boot(HelperClient(self.transport, self.name))
+        self._boot(self._new_client(self.transport))
         if child is not None:
             # Only after boot: bwrap sets up the sandbox's loopback before it execs the helper,
             # and slirp4netns --configure brings lo up too; racing it made bwrap fail under load
@@ -346,9 +364,6 @@ class BwrapSandbox(HelperSandbox):
 
     def _put_tar(self, dest_dir: str, data: bytes) -> None:
         self._helper_put(dest_dir, data)
-
-    def _get_tar(self, path: str, max_bytes: int) -> bytes:
-        return self._helper_get(path, max_bytes)
 
 
 def _slug(s: str) -> str:

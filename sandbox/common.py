@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import posixpath
+import tarfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from sandbox import registry
 from sandbox.archive import (
+    REASONS,
+    SKIPPED_SAMPLE,
     CopyLimits,
     ExportedFiles,
     file_tar,
@@ -27,7 +33,14 @@ from sandbox.archive import (
     tree_tar,
 )
 from sandbox.base import ExecResult, SandboxClosed, SandboxConfig, SandboxError, SandboxExpired
-from sandbox.protocol import HelperClient, SandboxExpiredSignal
+from sandbox.protocol import (
+    HelperClient,
+    ProtocolError,
+    SandboxExpiredSignal,
+    StreamReply,
+    Transport,
+    header_limit,
+)
 
 log = logging.getLogger("sandflow.sandbox")
 
@@ -36,7 +49,24 @@ log = logging.getLogger("sandflow.sandbox")
 HOST_SLACK_S = 15.0
 START_TIMEOUT_S = 60.0
 FILE_OP_TIMEOUT_S = 120.0
+STREAM_SLACK_S = 60.0  # on top of an export's own time bound: the host writing what arrives
+TAR_OVERHEAD = 8192  # per archive entry: header blocks, a pax record for a long name, padding
 HOME = "/home/sandbox"
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+ENV_PRIVSEP = "SANDFLOW_SANDBOX_PRIVSEP"
+# The helper runs as uid 0 with only these (and no-new-privileges): enough to start the
+# shell as the sandbox user, kill its processes, and empty its children's bounding set.
+HELPER_CAPS = ("SETUID", "SETGID", "KILL", "SETPCAP")
+
+
+def privsep() -> bool:
+    """Run the helper as uid 0, apart from the sandbox user (the default; read at each start).
+
+    SANDFLOW_SANDBOX_PRIVSEP=0 runs it as the sandbox user (for engines that refuse a root
+    user): then only its non-dumpable mark keeps its channel out of the user's reach.
+    """
+    return os.environ.get(ENV_PRIVSEP, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 _ERRORS: dict[str, type[OSError]] = {
@@ -72,7 +102,6 @@ class HelperSandbox(ABC):
             time.monotonic() + config.limits.wall_clock_s if config.limits.wall_clock_s else None
         )
         self.start_s = 0.0
-        self._omitted = 0
 
     # ------------------------------------------------------------------ backend hooks
     @property
@@ -88,10 +117,6 @@ class HelperSandbox(ABC):
     def _put_tar(self, dest_dir: str, data: bytes) -> None:
         """Extract an archive into an existing-or-created directory in the sandbox."""
 
-    @abstractmethod
-    def _get_tar(self, path: str, max_bytes: int) -> Iterable[bytes] | bytes:
-        """An archive of `path` (top entry = its basename), symlinks not followed."""
-
     def _check_alive(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Raise SandboxError when the backend already knows the sandbox is gone."""
 
@@ -100,6 +125,12 @@ class HelperSandbox(ABC):
         return None
 
     # ------------------------------------------------------------------ helpers
+    def _new_client(self, transport: Transport) -> HelperClient:
+        """The protocol client, its header bound derived from this sandbox's output cap."""
+        return HelperClient(
+            transport, self.name, max_header=header_limit(self.config.limits.output_cap_bytes)
+        )
+
     def _boot(self, client: HelperClient) -> None:
         """Wait for the helper's ready line; registers the sandbox for cleanup."""
         self._client = client
@@ -171,9 +202,16 @@ class HelperSandbox(ABC):
             raise
         if not header.get("id") or "exit_code" not in header:
             raise SandboxError(f"sandbox {self.name}: helper error: {header.get('error')}")
-        result = ExecResult.model_validate(
-            {k: v for k, v in header.items() if k in ExecResult.model_fields}
-        )
+        try:
+            result = ExecResult.model_validate(
+                {k: v for k, v in header.items() if k in ExecResult.model_fields}
+            )
+        except ValidationError as e:
+            self.kill()
+            raise ProtocolError(
+                f"sandbox {self.name}: protocol violation: an exec result with invalid fields "
+                f"({e.error_count()} errors, first at {e.errors()[0]['loc']}); the sandbox was removed"
+            ) from None
         if oom_before is not None and not result.oom_killed:
             after = self._oom_counter()
             result.oom_killed = after is not None and after > oom_before
@@ -201,8 +239,11 @@ class HelperSandbox(ABC):
         """The bytes of a regular file (symlinks are resolved inside the sandbox)."""
         self._check_open()
         full = self._abs(path)
+        limits = self.copy_limits
         for _ in range(8):
-            content, link = read_single_file(self._get_tar(full, self.copy_limits.max_bytes), full)
+            reply = self._get_stream(full, limits, single=True)
+            with self._consuming(reply, full):
+                content, link = read_single_file(reply, full, limits.max_bytes)
             if content is not None:
                 return content
             full = posixpath.normpath(posixpath.join(posixpath.dirname(full), link or ""))
@@ -214,45 +255,95 @@ class HelperSandbox(ABC):
         full = self._abs(dest)
         root = self._tar_root(full)
         blob, skipped = tree_tar(Path(host_dir), posixpath.relpath(full, root), self.copy_limits)
-        for name, why in skipped:
-            log.warning("copy_in %s: skipped %s (%s)", host_dir, name, why)
+        if skipped:
+            names = ", ".join(f"{name} ({why})" for name, why in skipped[:5])
+            log.warning("copy_in %s: %d entries skipped, e.g. %s", host_dir, len(skipped), names)
         self._put_tar(root, blob)
 
     def copy_out(self, src: str, host_dir: Path | str) -> ExportedFiles:
         """Copy a sandbox folder's regular files into `host_dir` and nowhere else.
 
-        Symlinks, hard links, devices, fifos and unsafe names are skipped (see `.skipped`
-        on the returned list); sizes and file counts are bounded by `self.copy_limits`.
+        Symlinks, hard links, devices, fifos and unsafe names are skipped; every entry
+        counts against `self.copy_limits.max_files`, bytes against `max_bytes`, and the
+        walk in the sandbox stops after `max_seconds`. The archive streams through (neither
+        side holds it). The returned list's `.summary` accounts for everything left out
+        (counts per reason, a few names each) and is logged as ONE warning; `.skipped`
+        keeps the first (name, why) pairs.
         """
         self._check_open()
         full = self._abs(src)
-        self._omitted = 0
-        files = safe_extract(
-            self._get_tar(full, self.copy_limits.max_bytes), host_dir, self.copy_limits
-        )
-        if self._omitted:
-            files.skipped.append(
-                (
-                    src,
-                    f"{self._omitted} file(s) not sent: over the size limit of {self.copy_limits.max_bytes} bytes",
-                )
-            )
-        for name, why in files.skipped:
-            log.warning("copy_out %s: skipped %s (%s)", src, name, why)
+        limits = self.copy_limits
+        reply = self._get_stream(full, limits, single=False)
+        with self._consuming(reply, full):
+            files = safe_extract(reply, host_dir, limits)
+        summary = files.summary
+        summary.merge_helper((reply.final or {}).get("summary"))
+        for reason, names in summary.examples.items():  # what the sandbox side left out
+            if reason in _HELPER_REASONS:
+                for name in names:
+                    if len(files.skipped) < SKIPPED_SAMPLE:
+                        files.skipped.append((name, _helper_reason(reason, limits)))
+        if summary.skipped:
+            log.warning("copy_out %s: %s", src, summary.describe(limits))
         return files
 
+    def _get_stream(self, path: str, limits: CopyLimits, *, single: bool) -> StreamReply:
+        """Ask the helper for a streamed archive of `path`, within `limits`."""
+        client = self._check_open()
+        entries = 1 if single else limits.max_files + 1  # + the folder itself
+        msg = {
+            "op": "get",
+            "path": path,
+            "max_bytes": limits.max_bytes,
+            "max_entries": entries,
+            "max_seconds": limits.max_seconds,
+            "single": single,
+        }
+        max_total = limits.max_bytes + (entries + 2) * TAR_OVERHEAD
+        deadline_s = limits.max_seconds + STREAM_SLACK_S
+        return client.stream(msg, max_total=max_total, deadline_s=deadline_s)
+
+    @contextlib.contextmanager
+    def _consuming(self, reply: StreamReply, path: str) -> Iterator[None]:
+        """Read `reply` to its end after the body; a broken channel removes the sandbox.
+
+        The final header decides: an error from the helper becomes the matching OSError.
+        An error of the host's own (disk full while writing) still reads the stream to its
+        end, so the sandbox stays usable.
+        """
+        try:
+            try:
+                yield
+            finally:
+                reply.finish()
+        except SandboxExpiredSignal:
+            reply.abandon()
+            self._expire()
+        except TimeoutError:
+            reply.abandon()
+            self.kill()
+            raise SandboxError(f"sandbox {self.name}: file transfer stalled; removed") from None
+        except SandboxError:
+            reply.abandon()
+            self.kill()
+            raise
+        except (tarfile.TarError, EOFError) as e:
+            if reply.final is None or reply.final.get("ok"):
+                reply.abandon()
+                self.kill()
+                raise ProtocolError(
+                    f"sandbox {self.name}: a malformed archive of {path} ({e}); "
+                    "the sandbox was removed"
+                ) from None
+        final = reply.final or {}
+        if not final.get("ok"):
+            raise file_error(str(final.get("error")), path)
+
     def _helper_put(self, dest_dir: str, data: bytes) -> None:
-        """Extract through the helper (runs as the sandbox user, sees every mount)."""
+        """Extract through the helper (it writes as the sandbox user, sees every mount)."""
         header, _ = self._helper_call({"op": "put", "dest": dest_dir}, data)
         if not header.get("ok"):
             raise file_error(str(header.get("error")), dest_dir)
-
-    def _helper_get(self, path: str, max_bytes: int) -> bytes:
-        header, body = self._helper_call({"op": "get", "path": path, "max_bytes": max_bytes})
-        if not header.get("ok"):
-            raise file_error(str(header.get("error")), path)
-        self._omitted = int(header.get("omitted") or 0)
-        return body
 
     def _helper_call(self, msg: dict, payload: bytes = b"") -> tuple[dict, bytes]:
         client = self._check_open()
@@ -308,3 +399,17 @@ class HelperSandbox(ABC):
         if not getattr(self, "_closed", True):
             with contextlib.suppress(Exception):  # interpreter shutdown: best effort
                 self.kill()
+
+
+_HELPER_REASONS = ("over_count", "over_size", "special", "time_limit", "unreadable", "changed")
+
+
+def _helper_reason(reason: str, limits: CopyLimits) -> str:
+    """The words for a reason the sandbox side reported (ExportedFiles.skipped)."""
+    if reason == "over_count":
+        return f"not sent: over the file-count limit of {limits.max_files}"
+    if reason == "over_size":
+        return f"not sent: over the size limit of {limits.max_bytes} bytes"
+    if reason == "time_limit":
+        return f"not sent: the export's time limit of {limits.max_seconds:g}s ran out"
+    return REASONS.get(reason, reason)

@@ -21,17 +21,18 @@ import contextlib
 import time
 from typing import Any
 
-from sandbox import netns, registry
+from sandbox import netns, reaper, registry
 from sandbox.base import SandboxConfig, SandboxError
-from sandbox.common import HOME, HelperSandbox
+from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSandbox, privsep
 from sandbox.deadline import bounded
 from sandbox.engine import docker_client, ensure_image
 from sandbox.labels import make_labels
-from sandbox.protocol import BOOT_ARGV, HelperClient, TransportClosed
+from sandbox.protocol import BOOT_ARGV, TransportClosed
 
 STREAM_STDOUT = 1
 STREAM_STDERR = 2
 LIFETIME_SLACK_S = 5.0
+MAX_FRAME = 1 << 24  # docker's attach frames carry what one read of the container's pipe got
 
 
 class AttachTransport:
@@ -61,6 +62,10 @@ class AttachTransport:
         out = bytearray()
         while len(self.frames) >= 8:
             size = int.from_bytes(self.frames[4:8], "big")
+            if size > MAX_FRAME or self.frames[0] not in (0, STREAM_STDOUT, STREAM_STDERR):
+                raise TransportClosed(
+                    f"malformed attach frame (stream {self.frames[0]}, {size} bytes)"
+                )
             if len(self.frames) < 8 + size:
                 break
             kind = self.frames[0]
@@ -95,6 +100,7 @@ class DockerSandbox(HelperSandbox):
         self.labels = make_labels(config, self.backend)
         t0 = time.perf_counter()
         ensure_image(self.client, self.image)
+        reaper.ensure_started(docker=True, docker_host=config.docker_host)  # kill -9 safety
         self._start()
         self.start_s = time.perf_counter() - t0
 
@@ -113,6 +119,7 @@ class DockerSandbox(HelperSandbox):
             read_only=True,
             network_mode=holder.network_mode if holder else lim.network,
             cap_drop=["ALL"],
+            cap_add=list(HELPER_CAPS) if privsep() else [],  # the helper's; its children drop them
             security_opt=["no-new-privileges"],
             nano_cpus=int(lim.cpus * 1e9),
             mem_limit=f"{lim.memory_mb}m",
@@ -135,13 +142,18 @@ class DockerSandbox(HelperSandbox):
         env = {**image_env(), **self.config.env, "HOME": HOME, "USER": "sandbox"}
         env["SANDFLOW_WORKDIR"] = self.config.workdir
         env["SANDFLOW_PIDS_LIMIT"] = str(lim.pids)
+        env["SANDFLOW_UID"], env["SANDFLOW_GID"] = str(SANDBOX_UID), str(SANDBOX_GID)
         if lim.wall_clock_s:
             env["SANDFLOW_LIFETIME_S"] = str(lim.wall_clock_s + LIFETIME_SLACK_S)
         return env
 
     def _start(self) -> None:
         """Create + attach + start; with a netns holder, a dead holder is replaced once."""
-        pool = netns.pool_for(self.api, self.image) if netns.enabled(self.config.limits.network) else None
+        pool = (
+            netns.pool_for(self.api, self.image)
+            if netns.enabled(self.config.limits.network)
+            else None
+        )
         for attempt in range(2):
             self._holder = pool.acquire(fresh=attempt > 0) if pool else None
             try:
@@ -153,7 +165,7 @@ class DockerSandbox(HelperSandbox):
                         f"cannot start sandbox: its network-namespace holder died twice ({e})"
                     ) from None
                 pool.prune()  # its idle siblings likely died with it (engine restart)
-        self._boot(HelperClient(self.transport, self.name))
+        self._boot(self._new_client(self.transport))
 
     def _create_and_start(self) -> None:
         import docker.errors
@@ -166,7 +178,7 @@ class DockerSandbox(HelperSandbox):
                 lambda: self.api.create_container(
                     self.image,
                     BOOT_ARGV,
-                    user="1000:1000",
+                    user="0:0" if privsep() else f"{SANDBOX_UID}:{SANDBOX_GID}",
                     working_dir=self.config.workdir,
                     # the engine refuses a hostname with a container: network; the holder has it
                     hostname=None if holder else "sandbox",
@@ -268,9 +280,6 @@ class DockerSandbox(HelperSandbox):
     # files go through the helper: it runs as the sandbox user and sees every tmpfs mount
     def _put_tar(self, dest_dir: str, data: bytes) -> None:
         self._helper_put(dest_dir, data)
-
-    def _get_tar(self, path: str, max_bytes: int) -> bytes:
-        return self._helper_get(path, max_bytes)
 
 
 class _HolderGone(Exception):

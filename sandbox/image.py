@@ -141,26 +141,16 @@ def rootfs_path(spec: ImageSpec = DEFAULT_SPEC) -> Path:
     return cache_dir() / f"rootfs-{spec.content_hash}"
 
 
-def debian_mirror() -> str:
-    """The Debian mirror apt already uses on this machine, unless SANDFLOW_DEBIAN_MIRROR says."""
-    env = os.environ.get("SANDFLOW_DEBIAN_MIRROR")
-    if env:
-        return env
-    for src in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
-        try:
-            text = src.read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            line = line.strip()
-            if line.startswith("URIs:") and line.rstrip("/").endswith("/debian"):
-                return line.split(":", 1)[1].strip()
-            if line.startswith("deb ") and " bookworm " in f"{line} " and "/debian " in f"{line} ":
-                parts = line.split()
-                url = next((p for p in parts[1:] if p.startswith("http")), None)
-                if url and url.rstrip("/").endswith("/debian"):
-                    return url
-    return "http://deb.debian.org/debian"
+def debian_mirror(suite: str = SUITE) -> str:
+    """SANDFLOW_DEBIAN_MIRROR, else the Debian mirror this machine's apt uses (never a
+    built-in host name: it may be one this machine cannot reach)."""
+    from sandbox.apt_sources import MirrorNotFoundError
+    from sandbox.apt_sources import debian_mirror as from_apt
+
+    try:
+        return from_apt(suite)
+    except MirrorNotFoundError as e:
+        raise ImageBuildError(str(e)) from None
 
 
 class ImageBuildError(RuntimeError):
@@ -191,11 +181,12 @@ def build_rootfs(spec: ImageSpec = DEFAULT_SPEC, *, force: bool = False, log=pri
         )
     if shutil.which("debootstrap") is None:
         raise ImageBuildError("debootstrap is not installed: `apt-get install -y debootstrap`.")
+    mirror = debian_mirror(spec.suite)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"rootfs-{spec.content_hash}-", dir=target.parent))
     tmp.chmod(0o755)  # mkdtemp makes it 0700: the sandbox user could not traverse `/`
     try:
-        log(f"debootstrap {spec.suite} ({len(spec.packages)} packages) from {debian_mirror()}")
+        log(f"debootstrap {spec.suite} ({len(spec.packages)} packages) from {mirror}")
         _run(
             [
                 "debootstrap",
@@ -203,7 +194,7 @@ def build_rootfs(spec: ImageSpec = DEFAULT_SPEC, *, force: bool = False, log=pri
                 f"--include={','.join(sorted(spec.packages))}",
                 spec.suite,
                 str(tmp),
-                debian_mirror(),
+                mirror,
             ]
         )
         _run(
@@ -357,3 +348,45 @@ def image_size_bytes(tag: str = DEFAULT_SPEC.tag) -> int:
     import docker
 
     return int(docker.from_env().images.get(tag).attrs.get("Size", 0))
+
+
+def _early_rootfs_main() -> int:
+    """`python3 sandbox/image.py`: debootstrap the root filesystem with the system Python.
+
+    scripts/setup.sh starts this in the background before the project's environment
+    exists, so the image's slowest step (debootstrap) overlaps the pip install; `sandflow
+    image build` then finds the finished rootfs and only imports it. Does nothing when the
+    image or the rootfs already exists. Uses the standard library alone.
+    """
+    import sys
+
+    try:
+        inspect = subprocess.run(
+            ["docker", "image", "inspect", DEFAULT_SPEC.tag], capture_output=True, timeout=30
+        )
+        if inspect.returncode == 0:
+            print(f"{DEFAULT_SPEC.tag} is already built")
+            return 0
+    except (OSError, subprocess.TimeoutExpired):
+        pass  # no docker CLI or engine yet: the rootfs is wanted either way
+    try:
+        path = build_rootfs(DEFAULT_SPEC, log=lambda m: print(m, flush=True))
+    except ImageBuildError as e:
+        print(f"image build failed: {e}", file=sys.stderr)
+        return 1
+    print(f"rootfs ready: {path}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised by scripts/setup.sh
+    import sys
+    import types
+
+    # Run by path with the system Python: make `sandbox.apt_sources` importable without
+    # the package's __init__ (which needs the project's dependencies).
+    _root = str(Path(__file__).resolve().parent.parent)
+    sys.path[0] = _root
+    _pkg = types.ModuleType("sandbox")
+    _pkg.__path__ = [str(Path(_root) / "sandbox")]
+    sys.modules["sandbox"] = _pkg
+    raise SystemExit(_early_rootfs_main())

@@ -2,7 +2,14 @@
 
 The helper (sandbox/_helper.py) runs as PID 1 inside the sandbox. Each message is one
 JSON header line, optionally followed by `len` raw bytes. Requests are strictly one at a
-time per sandbox (a lock), so no multiplexing is needed.
+time per sandbox (a lock), so no multiplexing is needed: any message that is not the
+answer to the request in flight is a protocol violation.
+
+Whatever arrives here comes out of a sandbox, so every read is bounded before anything is
+allocated: a header line by `max_header` (derived from the output cap), a payload by what
+the message may carry (nothing, or one data frame of at most CHUNK_MAX), a streamed
+answer by its total and its deadline. A violation is a ProtocolError (a SandboxError):
+the sandbox is removed at once, never waited on.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import marshal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any, Protocol
 
@@ -50,6 +58,14 @@ class TransportClosed(Exception):
     """The byte stream ended: the sandbox's PID 1 exited (container died or was removed)."""
 
 
+class ProtocolError(SandboxError):
+    """The helper's channel carried something the protocol does not allow.
+
+    The helper is out of the sandbox user's reach, so this means a broken or subverted
+    helper: the sandbox is removed, nothing it sent is used, and the episode is retried.
+    """
+
+
 class Transport(Protocol):
     def send(self, data: bytes) -> None: ...
 
@@ -64,15 +80,35 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class HelperClient:
-    """Request/response over a Transport, with host-side deadlines."""
+# Bounds on what the host reads from a sandbox before it allocates anything.
+MIN_HEADER_BYTES = 1 << 20
+CHUNK_MAX = 1 << 20  # the helper's biggest data frame (sandbox/_helper.py CHUNK_MAX)
+BOOT_LINE_MAX = 256  # the sandbox python's cache tag line
+STREAM_IDLE_S = 60.0  # a stream that sends nothing for this long is stalled
 
-    def __init__(self, transport: Transport, name: str) -> None:
+
+def header_limit(output_cap_bytes: int) -> int:
+    """The longest header line an exec result can need: two capped streams, JSON-escaped.
+
+    Each output byte can become a 6-byte escape (\\ufffd for an undecodable byte), plus the
+    notices the helper adds; anything longer is not a result the helper could have sent.
+    """
+    return max(MIN_HEADER_BYTES, 12 * output_cap_bytes + 65536)
+
+
+class HelperClient:
+    """Request/response over a Transport, with host-side deadlines and bounds on every read."""
+
+    def __init__(
+        self, transport: Transport, name: str, *, max_header: int = MIN_HEADER_BYTES
+    ) -> None:
         self.transport = transport
         self.name = name
+        self.max_header = max_header
         self.buf = bytearray()
         self.lock = threading.Lock()
         self._next_id = 0
+        self.guard: dict[str, Any] = {}  # what the helper reported about its own protection
 
     # -- reading ---------------------------------------------------------------
     def _fill(self, deadline: float) -> None:
@@ -91,31 +127,72 @@ class HelperClient:
         d = self.transport.diagnostics().strip()
         return f"; helper said: {d[-800:]}" if d else ""
 
-    def read_message(self, deadline: float) -> tuple[dict[str, Any], bytes]:
-        while (i := self.buf.find(b"\n")) < 0:
+    def _violation(self, what: str) -> ProtocolError:
+        return ProtocolError(
+            f"sandbox {self.name}: protocol violation on the helper's channel: {what}; "
+            "nothing it sent was used and the sandbox was removed"
+        )
+
+    def _line(self, deadline: float, limit: int) -> bytes:
+        """One header line of at most `limit` bytes; never buffers more than that looking."""
+        scanned = 0
+        while (i := self.buf.find(b"\n", scanned)) < 0:
+            scanned = len(self.buf)
+            if scanned > limit:
+                raise self._violation(f"a header line longer than {limit} bytes")
             self._fill(deadline)
-        header = json.loads(bytes(self.buf[:i]))
+        if i > limit:
+            raise self._violation(f"a header line of {i} bytes (limit {limit})")
+        line = bytes(self.buf[:i])
         del self.buf[: i + 1]
-        n = int(header.get("len") or 0)
+        return line
+
+    def read_message(
+        self, deadline: float, *, max_payload: int = 0, payload_deadline: float | None = None
+    ) -> tuple[dict[str, Any], bytes]:
+        """One header and its payload; `len` is checked against `max_payload` before reading."""
+        line = self._line(deadline, self.max_header)
+        try:
+            header = json.loads(line)
+        except ValueError:
+            raise self._violation(f"a header that is not JSON ({line[:80]!r})") from None
+        if not isinstance(header, dict):
+            raise self._violation(f"a header that is not an object ({line[:80]!r})")
+        n = header.get("len", 0)
+        if n is None:
+            n = 0
+        if type(n) is not int or n < 0:
+            raise self._violation(f"a payload length that is not a count ({n!r})")
+        if n > max_payload:
+            raise self._violation(
+                f"a payload of {n} bytes where at most {max_payload} may follow this message"
+            )
+        limit = payload_deadline if payload_deadline is not None else deadline + STREAM_IDLE_S
         while len(self.buf) < n:
-            self._fill(deadline + 60.0)  # payloads may be large; progress is what counts
+            self._fill(limit)
         payload = bytes(self.buf[:n])
         del self.buf[:n]
         return header, payload
+
+    def _expect(self, header: dict[str, Any], rid: int) -> None:
+        """Only the answer to the request in flight (or the lifetime notice) may arrive."""
+        if header.get("expired") and header.get("id") == -1:
+            raise SandboxExpiredSignal
+        if header.get("id") != rid:
+            raise self._violation(
+                f"a message for request {header.get('id')!r} while {rid} was in flight"
+            )
 
     # -- requests --------------------------------------------------------------
     def boot(self, timeout: float) -> dict[str, Any]:
         """Hand the helper to the sandbox's python and wait for its ready line."""
         deadline = time.monotonic() + timeout
         try:
-            while (i := self.buf.find(b"\n")) < 0:
-                self._fill(deadline)
+            tag = self._line(deadline, BOOT_LINE_MAX)
         except TimeoutError:
             raise SandboxError(
                 f"sandbox {self.name}: python3 did not start within {timeout:.0f}s{self._diag()}"
             ) from None
-        tag = bytes(self.buf[:i])
-        del self.buf[: i + 1]
         try:
             self.transport.send(boot_payload(tag))
         except (OSError, TransportClosed) as e:
@@ -133,29 +210,108 @@ class HelperClient:
             ) from None
         if not header.get("ready"):
             raise SandboxError(f"sandbox {self.name}: unexpected first message {header!r}")
+        if header.get("dumpable") != 0:
+            raise SandboxError(
+                f"sandbox {self.name}: the helper could not protect its channel "
+                f"(dumpable={header.get('dumpable')!r}){self._diag()}"
+            )
+        self.guard = {k: header.get(k) for k in ("privsep", "dumpable", "uid")}
         return header
+
+    def _send(self, msg: dict[str, Any], payload: bytes) -> int:
+        self._next_id += 1
+        msg = {**msg, "id": self._next_id}
+        if payload:
+            msg["len"] = len(payload)
+        data = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+        try:
+            self.transport.send(data)
+            if payload:
+                self.transport.send(payload)
+        except (OSError, TransportClosed) as e:
+            raise SandboxError(f"sandbox {self.name}: cannot reach the helper ({e})") from None
+        return self._next_id
 
     def request(
         self, msg: dict[str, Any], payload: bytes = b"", *, timeout: float
     ) -> tuple[dict[str, Any], bytes]:
         """Send one request and wait for its answer; TimeoutError past `timeout`."""
         with self.lock:
-            self._next_id += 1
-            msg = {**msg, "id": self._next_id}
-            if payload:
-                msg["len"] = len(payload)
-            data = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
-            try:
-                self.transport.send(data + payload if payload else data)
-            except (OSError, TransportClosed) as e:
-                raise SandboxError(f"sandbox {self.name}: cannot reach the helper ({e})") from None
-            deadline = time.monotonic() + timeout
-            while True:
-                header, body = self.read_message(deadline)
-                if header.get("expired"):
-                    raise SandboxExpiredSignal
-                if header.get("id") == self._next_id:
-                    return header, body
+            rid = self._send(msg, payload)
+            header, body = self.read_message(time.monotonic() + timeout)
+            self._expect(header, rid)
+            return header, body
+
+    def stream(self, msg: dict[str, Any], *, max_total: int, deadline_s: float) -> StreamReply:
+        """Send a request answered by data frames; iterate the returned reply for them."""
+        self.lock.acquire()
+        try:
+            rid = self._send(msg, b"")
+        except BaseException:
+            self.lock.release()
+            raise
+        return StreamReply(self, rid, max_total, time.monotonic() + deadline_s)
+
+
+class StreamReply:
+    """The data frames of one streamed answer, then its final header (`.final`).
+
+    Holds the client's lock until the final header was read (or the reply was closed):
+    the channel carries one request at a time. Bounded: every frame by CHUNK_MAX, the
+    total by `max_total`, the whole by `deadline`, and each wait for data by STREAM_IDLE_S.
+    """
+
+    def __init__(self, client: HelperClient, rid: int, max_total: int, deadline: float) -> None:
+        self.client = client
+        self.rid = rid
+        self.max_total = max_total
+        self.deadline = deadline
+        self.received = 0
+        self.final: dict[str, Any] | None = None
+        self._locked = True
+
+    def __iter__(self) -> Iterator[bytes]:
+        while self.final is None:
+            chunk = self._next()
+            if chunk is not None:
+                yield chunk
+
+    def _next(self) -> bytes | None:
+        c = self.client
+        now = time.monotonic()
+        if now > self.deadline:
+            raise TimeoutError
+        header, body = c.read_message(
+            min(self.deadline, now + STREAM_IDLE_S),
+            max_payload=CHUNK_MAX,
+            payload_deadline=min(self.deadline, now + STREAM_IDLE_S),
+        )
+        c._expect(header, self.rid)
+        if header.get("data"):
+            self.received += len(body)
+            if self.received > self.max_total:
+                raise c._violation(f"more than {self.max_total} bytes in one answer")
+            return body
+        if body:
+            raise c._violation("a final message with a payload")
+        self.final = header
+        self._release()
+        return None
+
+    def finish(self) -> dict[str, Any]:
+        """Read to the end (discarding data nobody consumed); the final header."""
+        while self.final is None:
+            self._next()
+        return self.final
+
+    def _release(self) -> None:
+        if self._locked:
+            self._locked = False
+            self.client.lock.release()
+
+    def abandon(self) -> None:
+        """Give up on the channel without reading on (the caller removes the sandbox)."""
+        self._release()
 
 
 class SandboxExpiredSignal(Exception):

@@ -6,6 +6,7 @@ group (the libraries below have no CLI of their own):
     commands/sandbox.py    image ..., sandbox ...      (sandbox/)
     commands/sql.py        sql, warehouse ...          (warehouse/)
     commands/pipeline.py   bench, flows ...            (flows/, analysis/)
+    commands/rl.py         rl ...                      (rl/)
 
 Command modules import their heavy dependencies (docker, prefect, duckdb) inside the
 command bodies, so `sandflow --help` stays fast. Errors: sandflow/errors.py.
@@ -30,9 +31,9 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from sandflow.commands import episode, pipeline, sandbox, sql, tasksets
+    from sandflow.commands import episode, pipeline, rl, sandbox, sql, tasksets
 
-    for module in (sandbox, episode, sql, tasksets, pipeline):
+    for module in (sandbox, episode, sql, tasksets, pipeline, rl):
         module.register(app)
 
 

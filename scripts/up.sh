@@ -4,5 +4,10 @@
 # Extra arguments go to `sandflow bench` (e.g. `bash scripts/up.sh --base-url http://... --model M`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+T0=$(date +%s)
 bash scripts/setup.sh
-exec .venv/bin/sandflow bench "$@"
+rc=0
+.venv/bin/sandflow bench "$@" || rc=$?
+s=$(( $(date +%s) - T0 ))
+printf '\033[1;34m[up]\033[0m set-up and benchmark took %dm%02ds (exit %d)\n' $((s / 60)) $((s % 60)) "$rc"
+exit "$rc"

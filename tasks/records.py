@@ -114,6 +114,16 @@ class EpisodeRecord(BaseModel):
     # Added by the episode loop (defaults keep older rows valid):
     reasoning_tokens: int = 0
     answer_source: str | None = None  # answer_file | submit_argument | last_message | reply
+    # RL rollouts (rl/): which training run, step and policy produced the episode, and
+    # whether its token ids form one exact sequence ("exact" | "missing" | "mismatch at
+    # turn N: why"). None elsewhere.
+    training_run: str | None = None
+    training_step: int | None = None
+    policy_version: str | None = None
+    token_ids_status: str | None = None
+    # The output folder's export (sandbox.archive.ExportSummary.as_dict()): files, bytes,
+    # and what was left out, counted per reason with a few names. None when not exported.
+    output_export: dict[str, Any] | None = None
 
     @property
     def is_infra_failure(self) -> bool:

@@ -25,10 +25,10 @@ from sandbox.base import SandboxConfig, SandboxLimits
 from tasks.loop import Limits
 from tasks.model import ModelConfig, api_key_from_env
 
-# request_timeout_s when none is given: llama.cpp (the embedded model) keeps computing a
-# request its client gave up on, so a short timeout plus a retry only doubles its work.
-ENDPOINT_TIMEOUT_S = 120.0
-EMBEDDED_TIMEOUT_S = 600.0
+# request_timeout_s when none is given. The embedded server stops a generation when its
+# client leaves and bounds each call's tokens (tasks/local_model_app.py): a timed-out call
+# frees it at once, so its retry no longer queues behind abandoned work and needs no longer wait.
+DEFAULT_REQUEST_TIMEOUT_S = 120.0
 
 
 class RunSpec(BaseModel):
@@ -46,7 +46,7 @@ class RunSpec(BaseModel):
     base_url: str | None = None
     temperature: float = 0.7
     max_tokens: int = 2048
-    request_timeout_s: float | None = Field(None, description="None: 120 s, 600 s embedded")
+    request_timeout_s: float | None = Field(None, description="None: 120 s")
     extra_body: dict[str, Any] = Field(default_factory=dict)
     logprobs: bool = False
     return_token_ids: bool = False
@@ -77,8 +77,7 @@ class RunSpec(BaseModel):
             api_key=api_key_from_env() if with_key else None,
             temperature=self.temperature,
             max_tokens=self.max_tokens,
-            request_timeout_s=self.request_timeout_s
-            or (ENDPOINT_TIMEOUT_S if self.base_url else EMBEDDED_TIMEOUT_S),
+            request_timeout_s=self.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S,
             extra_body=dict(self.extra_body),
             logprobs=self.logprobs,
             return_token_ids=self.return_token_ids,

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["Fault", "Reply", "ScriptedModel", "text_reply", "tool_reply", "tool_call"]
+__all__ = ["Fault", "Reply", "ScriptedModel", "ToyTokenizer", "text_reply", "tool_reply", "tool_call"]
 
 
 def tool_call(name: str, arguments: dict[str, Any] | str, call_id: str | None = None) -> dict:
@@ -188,7 +188,14 @@ class ScriptedModel:
         *,
         default: ScriptItem | None = None,
         models: Iterable[str] = ("scripted",),
+        tokenizer: ToyTokenizer | None = None,
+        raw_tool_calls: bool = False,
     ) -> None:
+        """`tokenizer`: answer with exact token ids and logprobs, vLLM style, when the
+        request asks (ToyTokenizer). `raw_tool_calls`: put tool calls in the content as
+        Hermes ``<tool_call>`` text, as a server without a tool parser does."""
+        self.tokenizer = tokenizer
+        self.raw_tool_calls = raw_tool_calls
         self._script: list[ScriptItem] = list(script)
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -314,6 +321,13 @@ def _make_handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                 return
             if item.delay_s:
                 model._stopping.wait(item.delay_s)
+            if model.tokenizer is not None:
+                item = model.tokenizer.annotate(item, body, model.raw_tool_calls)
+            elif model.raw_tool_calls and item.tool_calls:
+                import dataclasses
+
+                text = ToyTokenizer().assistant_body(item.content, item.tool_calls)
+                item = dataclasses.replace(item, content=text, tool_calls=[])
             self._json(200, item.body(body))
 
         def _fault(self, fault: Fault, body: dict) -> None:
@@ -339,3 +353,85 @@ def _make_handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
             self._error(fault.status, message, extra)
 
     return Handler
+
+
+# ------------------------------------------------------------------ exact tokens (RL)
+class ToyTokenizer:
+    """A byte-level tokenizer with a ChatML-like template, for exact-token RL tests.
+
+    Ids 0-255 are bytes; 256 is ``<|im_start|>``, 257 is ``<|im_end|>``. A request's
+    prompt ids are ``render(messages)`` with the generation prompt; a reply's completion
+    ids are its assistant body (content, then each tool call as a Hermes
+    ``<tool_call>`` block) followed by ``<|im_end|>``. Because the template renders an
+    assistant message back to exactly the tokens it was generated as, each request's
+    prompt ids extend the previous prompt + completion (as vLLM does with an append-only
+    history), unless `drop_reasoning` strips ``<think>...</think>`` from earlier
+    assistant turns (Qwen3's template does that: the ids then stop extending).
+
+    Logprobs are a fixed function of (token id, position in the completion): `logprob`.
+    """
+
+    IM_START = 256
+    IM_END = 257
+
+    def __init__(self, drop_reasoning: bool = False) -> None:
+        self.drop_reasoning = drop_reasoning
+
+    @staticmethod
+    def text_ids(text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    @staticmethod
+    def logprob(token_id: int, position: int) -> float:
+        return -(((token_id * 31 + position) % 97) + 1) / 100
+
+    @staticmethod
+    def tool_call_text(name: str, arguments: str) -> str:
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments or "{}"}}}\n</tool_call>'
+
+    def assistant_body(self, content: str | None, tool_calls: list[dict]) -> str:
+        parts = [content or ""]
+        for c in tool_calls:
+            fn = c.get("function") or {}
+            parts.append(("\n" if parts[-1] else "") + self.tool_call_text(fn.get("name", ""), fn.get("arguments", "")))
+        return "".join(parts)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        ids: list[int] = []
+        for m in messages:
+            role = m.get("role", "")
+            if role == "assistant":
+                body = self.assistant_body(m.get("content"), m.get("tool_calls") or [])
+                if self.drop_reasoning and "</think>" in body:  # past turns' reasoning
+                    body = body.split("</think>", 1)[1].lstrip("\n")
+            else:
+                body = m.get("content") or ""
+            ids += [self.IM_START, *self.text_ids(f"{role}\n{body}"), self.IM_END, *self.text_ids("\n")]
+        if add_generation_prompt:
+            ids += [self.IM_START, *self.text_ids("assistant\n")]
+        return ids
+
+    def completion(self, content: str | None, tool_calls: list[dict]) -> list[int]:
+        return [*self.text_ids(self.assistant_body(content, tool_calls)), self.IM_END]
+
+    def annotate(self, reply: Reply, request: dict, raw_tool_calls: bool) -> Reply:
+        """The reply as a vLLM server returns it with return_token_ids / logprobs."""
+        import dataclasses
+
+        content, calls = reply.content, reply.tool_calls
+        if raw_tool_calls and calls:
+            content, calls = self.assistant_body(content, calls), []
+        prompt = self.render(request.get("messages") or [])
+        completion = self.completion(content, calls)
+        logprobs = [self.logprob(t, i) for i, t in enumerate(completion)] if request.get("logprobs") else None
+        return dataclasses.replace(
+            reply,
+            content=content,
+            tool_calls=calls,
+            finish_reason=reply.finish_reason or ("tool_calls" if calls else "stop"),
+            prompt_token_ids=prompt if request.get("return_token_ids") else None,
+            completion_token_ids=completion if request.get("return_token_ids") else None,
+            logprobs=logprobs,
+            usage={"prompt_tokens": len(prompt), "completion_tokens": len(completion),
+                   "total_tokens": len(prompt) + len(completion)},
+        )

@@ -36,7 +36,8 @@ import duckdb
 from warehouse.layout import FileId, Layout, Manifest, fsync_dir, new_id
 from warehouse.query import projected_source
 from warehouse.schema import META_PROMPT_DELTAS, file_metadata, schema_for
-from warehouse.validate import BadFile, FileInfo, validate_files
+from warehouse.tempfiles import DUCKDB_TMP_PREFIX
+from warehouse.validate import BadFile, FileInfo, validate_files, verify_files
 
 COMPACT_TABLES = ("turns", "episodes", "scores", "usage")  # turns before episodes
 ORDER_BY = {
@@ -56,6 +57,8 @@ class CompactionResult:
     # Merged files still on disk (hidden) because a query session was open: the next
     # compaction of the run deletes them.
     pending_deletes: int = 0
+    # Temporary files a writer killed mid-write had left (deleted before merging).
+    removed_temps: list[Path] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -125,7 +128,9 @@ def compact_run(
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / ".compact.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        tmp_dir = layout.root / f".duckdb-tmp-{new_id()}"
+        # What a compaction or writer killed mid-write left behind (invisible, but on disk).
+        result.removed_temps = layout.remove_dead_temps(run_id, compaction_locked=True)
+        tmp_dir = lock_dir / f"{DUCKDB_TMP_PREFIX}{new_id()}"  # spill files: this run's, removable
         con = duckdb.connect(":memory:")
         try:
             con.execute(f"SET memory_limit = '{memory_limit}'")
@@ -154,19 +159,24 @@ def _compact_run(
     # Each episode's current attempt, materialized now (the episode files may be deleted
     # before the turns are merged).
     ep_good, _ = validate_files(snaps["episodes"], "episodes")
-    source = (
-        projected_source("episodes", ep_good)
-        if ep_good
-        else "SELECT NULL::VARCHAR AS episode_id, NULL::VARCHAR AS write_id, "
-        "NULL::TIMESTAMPTZ AS written_at WHERE false"
-    )
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE kept_episodes AS "
-        f"SELECT episode_id, write_id FROM ({source}) {_DEDUP['episodes']}"
-    )
-    kept: dict[str, str] = dict(
-        con.execute("SELECT episode_id, write_id FROM kept_episodes").fetchall()
-    )
+    kept: dict[str, str] = {}
+    for _ in range(2):
+        source = (
+            projected_source("episodes", ep_good)
+            if ep_good
+            else "SELECT NULL::VARCHAR AS episode_id, NULL::VARCHAR AS write_id, "
+            "NULL::TIMESTAMPTZ AS written_at WHERE false"
+        )
+        try:
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE kept_episodes AS "
+                f"SELECT episode_id, write_id FROM ({source}) {_DEDUP['episodes']}"
+            )
+        except duckdb.Error as exc:  # a file with corrupt data pages: find it, leave it out
+            ep_good = _without_corrupt(ep_good, "episodes", exc, result=None)
+            continue
+        kept = dict(con.execute("SELECT episode_id, write_id FROM kept_episodes").fetchall())
+        break
     for table in ("episodes", "turns", "scores", "usage"):
         files = snaps[table]
         part = layout.part_dir(table, run_id)
@@ -175,34 +185,75 @@ def _compact_run(
             continue
         good_info, bad = validate_files(files, table)
         result.skipped_bad.extend(bad)
+        merged = None
+        for _ in range(2):
+            if not good_info:
+                break
+            try:
+                merged = _merge(con, table, part, good_info, kept)
+                break
+            except duckdb.Error as exc:
+                good_info = _without_corrupt(good_info, table, exc, result)
+        if merged is None:
+            continue
+        name, count = merged
         good = [g.path for g in good_info]
         ids = [i for i in (_identity(p) for p in good) if i is not None]
-        if not good:
-            continue
         result.files_before[table] = len(good)
-        select = _plan(table, good_info, kept)
-        name = f"compacted-{new_id()}.parquet"
-        tmp = part / f".{name}.tmp"
-        kv = file_metadata(table, schema_for(table).names)
-        if any(i.prompt_deltas for i in good_info):
-            kv[META_PROMPT_DELTAS] = b"1"  # rows are copied as stored: deltas stay deltas
-        meta = "KV_METADATA {" + ", ".join(f"'{k.decode()}': '{v.decode()}'" for k, v in kv.items()) + "}"
-        try:
-            ((count,),) = con.execute(
-                f"COPY ({select}) TO '{tmp}' (FORMAT parquet, COMPRESSION zstd, "
-                f"ROW_GROUP_SIZE 122880, {meta})"
-            ).fetchall()
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, part / name)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        result.rows_after[table] = int(count)
+        result.rows_after[table] = count
         old = Manifest.read(part)
         new = Manifest(compacted=[name], replaces=list(old.replaces) + ids)
         new.write(part)  # the switch
         _remove_replaced(layout, part)
+
+
+def _merge(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    part: Path,
+    good_info: list[FileInfo],
+    kept: dict[str, str],
+) -> tuple[str, int]:
+    """COPY the partition's good files into a new (not yet visible) compacted file."""
+    select = _plan(table, good_info, kept)
+    name = f"compacted-{new_id()}.parquet"
+    tmp = part / f".{name}.tmp"
+    kv = file_metadata(table, schema_for(table).names)
+    if any(i.prompt_deltas for i in good_info):
+        kv[META_PROMPT_DELTAS] = b"1"  # rows are copied as stored: deltas stay deltas
+    meta = (
+        "KV_METADATA {" + ", ".join(f"'{k.decode()}': '{v.decode()}'" for k, v in kv.items()) + "}"
+    )
+    try:
+        ((count,),) = con.execute(
+            f"COPY ({select}) TO '{tmp}' (FORMAT parquet, COMPRESSION zstd, "
+            f"ROW_GROUP_SIZE 122880, {meta})"
+        ).fetchall()
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, part / name)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return name, int(count)
+
+
+def _without_corrupt(
+    infos: list[FileInfo], table: str, exc: duckdb.Error, result: CompactionResult | None
+) -> list[FileInfo]:
+    """`infos` minus the files whose data pages do not decode; re-raise `exc` if none.
+
+    Header and footer were checked already; a file whose pages are corrupt fails only
+    when DuckDB reads it, with an error that need not name it. Such files are left out
+    of the merge (and stay on disk, visible as bad files), never deleted.
+    """
+    bad = verify_files([i.path for i in infos], table)
+    if not bad:
+        raise exc
+    if result is not None:
+        result.skipped_bad.extend(bad)
+    gone = {b.path for b in bad}
+    return [i for i in infos if i.path not in gone]
 
 
 def _remove_replaced(layout: Layout, part: Path) -> None:

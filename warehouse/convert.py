@@ -24,7 +24,7 @@ from tasks.records import (
     Usage,
 )
 from warehouse.schema import META_PROMPT_DELTAS, OBSERVATION, TOOL_CALL, schema_for
-from warehouse.secrets import scrub
+from datasets_prep.secrets import scrub
 
 
 def utc(ts: datetime | None) -> datetime | None:
@@ -181,6 +181,11 @@ def episode_row(
         "written_at": written_at or now_utc(),
         "reasoning_tokens": ep.reasoning_tokens,
         "answer_source": ep.answer_source,
+        "training_run": ep.training_run,
+        "training_step": ep.training_step,
+        "policy_version": ep.policy_version,
+        "token_ids_status": ep.token_ids_status,
+        "output_export": None if ep.output_export is None else dumps(scrub(ep.output_export)),
     }
 
 

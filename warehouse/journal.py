@@ -21,7 +21,7 @@ from typing import Literal
 
 from tasks.journal import JournalContents, journal_line, read_journal
 from tasks.records import EpisodeRecord, TurnRecord
-from warehouse.secrets import scrub
+from datasets_prep.secrets import scrub
 
 __all__ = [
     "DURABILITIES",

@@ -17,6 +17,8 @@ reader never sees two attempts' turns or an attempt without its turns, and a re-
 after compaction wins over the compacted copy. Superseded attempts' turn files stay
 (invisible) until the next compaction removes them.
 Temporary files start with a dot and end in ``.tmp``: no ``*.parquet`` listing sees them.
+Their writer holds an flock on them until the rename; one left by a writer that died is
+deleted by the next run or compaction of its run (warehouse.tempfiles).
 
 Compaction's switch is one atomic rename of ``_compaction.json``: files it names under
 ``replaces`` are hidden, and a ``compacted-*`` file is shown only when the manifest names
@@ -39,6 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from warehouse.schema import TABLES, check_run_id
+from warehouse.tempfiles import locked_temp, remove_dead_temps
 
 MANIFEST = "_compaction.json"
 READERS_LOCK = ".readers.lock"
@@ -79,27 +82,26 @@ def write_parquet_atomic(table: pa.Table, dest: Path, *, durable: bool = True) -
     """Write `table` to a hidden temp file in dest's directory, fsync, rename onto `dest`.
 
     A reader globbing ``*.parquet`` sees the whole file or nothing: a crash mid-write
-    leaves only a ``.tmp`` file, never a truncated Parquet file ("No magic bytes").
+    leaves only a ``.tmp`` file, never a truncated Parquet file ("No magic bytes"); the
+    temp file is flock'ed while written, so the next run or compaction of the partition
+    can tell it is dead and delete it (warehouse.tempfiles). Pages carry a CRC32, which
+    `sandflow warehouse check` verifies (validate.verify_data).
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with open(tmp, "wb") as fh:
-            pq.write_table(
-                table,
-                fh,
-                compression=PARQUET_COMPRESSION,
-                row_group_size=128 * 1024,
-                write_statistics=[c for c in _STAT_COLUMNS if c in table.column_names] or False,
-                use_dictionary=[c for c in _DICT_COLUMNS if c in table.column_names] or False,
-            )
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
+    with locked_temp(dest) as (tmp, fh):
+        pq.write_table(
+            table,
+            fh,
+            compression=PARQUET_COMPRESSION,
+            row_group_size=128 * 1024,
+            write_statistics=[c for c in _STAT_COLUMNS if c in table.column_names] or False,
+            use_dictionary=[c for c in _DICT_COLUMNS if c in table.column_names] or False,
+            write_page_checksum=True,
+        )
+        fh.flush()
+        if durable:
+            os.fsync(fh.fileno())
         os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     if durable:
         fsync_dir(dest.parent)
     return dest
@@ -107,12 +109,11 @@ def write_parquet_atomic(table: pa.Table, dest: Path, *, durable: bool = True) -
 
 def write_text_atomic(text: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with locked_temp(dest, text=True) as (tmp, fh):
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, dest)
+        os.replace(tmp, dest)
     fsync_dir(dest.parent)
 
 
@@ -253,6 +254,22 @@ class Layout:
             if d.is_dir():
                 out.extend(sorted(p for p in d.glob("*.jsonl") if not p.name.startswith(".")))
         return out
+
+    # ---- temporary files ---------------------------------------------------------------
+    def remove_dead_temps(self, run_id: str, *, compaction_locked: bool = False) -> list[Path]:
+        """Delete the temporary files of `run_id` whose writer died mid-write (kill -9).
+
+        Files still being written (their writer holds their flock) stay; DuckDB's
+        compaction temporaries only go when the caller holds the run's compaction lock.
+        See warehouse.tempfiles.
+        """
+        removed: list[Path] = []
+        for table in TABLES:
+            removed += remove_dead_temps(
+                self.part_dir(table, run_id), compaction_locked=compaction_locked
+            )
+        removed += remove_dead_temps(self.journal_dir(run_id), compaction_locked=compaction_locked)
+        return removed
 
     # ---- readers vs. compaction ----------------------------------------------------------
     def hold_readers_lock(self) -> int | None:

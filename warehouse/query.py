@@ -21,7 +21,27 @@ Ready-made views (the common questions)
   timeouts         commands that timed out, slowest first
   errors           episodes by termination reason, with an example error
 
+Nightly lineage and statistics (warehouse/series.py; docs/statistics.md)
+  episode_outcomes, run_series, nightly_diff, flaky_tasks, pass_at_k
+
 The raw files are reachable as ``_raw_<table>`` (every attempt, every batch).
+
+Read-only by default. Once the views exist, the connection is closed around the warehouse
+with DuckDB's own settings: ``enable_external_access = false`` with the warehouse root as
+the only ``allowed_directories`` entry (no other host file can be read: read_csv('/etc/
+passwd'), read_text, glob, ATTACH, INSTALL/LOAD all fail), then ``lock_configuration =
+true`` (no SET can undo it). Those settings let DuckDB *write* inside an allowed
+directory (COPY ... TO, EXPORT DATABASE, ATTACH), so every statement is also classified
+by DuckDB's own parser and only those that cannot name a file to write run (SELECT,
+EXPLAIN of those, CREATE / INSERT / DROP ... in the session's in-memory catalog, CALL,
+SET). ``host_files=True`` (`sandflow sql --allow-host-files`) opens a plain DuckDB
+connection for the user's own exports and joins with other files.
+
+A file whose header and footer are fine but whose data pages are corrupt passes the
+snapshot's checks and fails inside a query with an error that may name no file. Such an
+error makes the session read its files in full (validate.verify_data, cached per file) to
+find the culprit; it is then left out like any other bad file (a warning names it,
+``snapshot.bad`` lists it) and the query runs again without it.
 """
 
 from __future__ import annotations
@@ -42,7 +62,16 @@ from warehouse.journal import is_live, read_journal
 from warehouse.layout import Layout
 from warehouse.recovery import recovered_journals
 from warehouse.schema import TABLES, empty_table, schema_for
-from warehouse.validate import BadFile, FileInfo, FilesVanished, quarantine, validate_files
+from warehouse.series import SERIES_VIEW_HELP, SERIES_VIEWS
+from warehouse.validate import (
+    BadFile,
+    FileInfo,
+    FilesVanished,
+    named_in,
+    quarantine,
+    validate_files,
+    verify_files,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,6 +91,84 @@ class WarehouseQueryError(WarehouseError):
 
 class RunNotFound(WarehouseError):
     """The warehouse holds no episodes of the run asked for (the message lists recent runs)."""
+
+
+class ReadOnlyError(WarehouseQueryError):
+    """A statement that could write a file, refused by the read-only SQL surface."""
+
+
+# Statements that cannot name a file to write (the in-memory catalog is the session's own).
+READ_ONLY_STATEMENTS = frozenset(
+    {
+        "SELECT", "EXPLAIN", "CREATE", "DROP", "ALTER", "INSERT", "UPDATE", "DELETE",
+        "CALL", "SET", "VARIABLE_SET", "TRANSACTION",
+    }
+)  # fmt: skip
+
+_REFUSED_HINT = (
+    "sandflow's SQL is read-only over the warehouse: {what} is not run. Export a result with "
+    "`sandflow sql QUERY --format csv|json|parquet --output FILE` (or Warehouse.query().arrow()"
+    " in Python); for DuckDB with full access to your files (COPY ... TO, other files, "
+    "ATTACH, extensions) pass --allow-host-files (host_files=True)."
+)
+
+
+def _statement_kinds(query: str) -> list[str]:
+    """Each statement's type as DuckDB's own parser sees it (EXPLAIN: the explained one's)."""
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error:
+        return []  # a syntax error: DuckDB reports it when the query runs
+    kinds = []
+    for st in statements:
+        kind = st.type.name
+        if kind == "EXPLAIN":
+            kind = _explained_kind(st.query)
+        kinds.append(kind)
+    return kinds
+
+
+def _explained_kind(text: str) -> str:
+    """The type of the statement an EXPLAIN [ANALYZE] runs (EXPLAIN ANALYZE executes it).
+
+    DuckDB's tokenizer marks keyword positions; the first suffix after the EXPLAIN keyword
+    that DuckDB parses as one statement is the explained one.
+    """
+    keywords = [pos for pos, kind in duckdb.tokenize(text) if kind.name == "keyword"]
+    for pos in keywords[1:]:
+        try:
+            inner = duckdb.extract_statements(text[pos:])
+        except duckdb.Error:
+            continue
+        if len(inner) == 1:
+            kind = inner[0].type.name
+            return _explained_kind(inner[0].query) if kind == "EXPLAIN" else kind
+    return "EXPLAIN"  # nothing else parses: a plain EXPLAIN of what DuckDB will reject
+
+
+def check_read_only(query: str) -> None:
+    """Raise ReadOnlyError if a statement of `query` could write a file."""
+    for kind in _statement_kinds(query):
+        if kind not in READ_ONLY_STATEMENTS:
+            what = {
+                # DuckDB runs such a PIVOT as several statements, which may hide a COPY
+                "MULTI": "a PIVOT without an IN list (name the values: PIVOT ... ON col IN ('a', 'b'))",
+                "PRAGMA": "PRAGMA (use DESCRIBE <view> or CALL pragma_...() instead)",
+            }.get(kind, f"a {kind.replace('_', ' ')} statement")
+            raise ReadOnlyError(_REFUSED_HINT.format(what=what))
+
+
+# DuckDB errors that are about the SQL or the session, never about a file's bytes.
+_NOT_DATA_ERRORS: tuple[type[BaseException], ...] = tuple(
+    getattr(duckdb, name)
+    for name in (
+        "ParserException", "BinderException", "CatalogException", "SyntaxException",
+        "PermissionException", "InterruptException", "OutOfMemoryException",
+        "TransactionException", "ConstraintException", "DependencyException",
+        "ConversionException", "OutOfRangeException", "NotImplementedException",
+    )
+    if hasattr(duckdb, name)
+)  # fmt: skip
 
 
 def _sql_str(s: str) -> str:
@@ -298,6 +405,50 @@ READY_VIEWS: dict[str, str] = {
                any_value(error) FILTER (WHERE error IS NOT NULL) AS example_error
         FROM episodes GROUP BY ALL ORDER BY run_id, episodes DESC
     """,
+    # RL rollouts (rl/): one row per training run x step x policy version, over every
+    # warehouse run that recorded them (the env's and the rollout server's).
+    "rl_steps": """
+        WITH s AS (
+            SELECT run_id, episode_id, score FROM scores
+            QUALIFY row_number() OVER (
+                PARTITION BY run_id, episode_id ORDER BY scored_at DESC, verifier) = 1
+        ), t AS (
+            SELECT run_id, episode_id, sum(num_tool_calls) AS tool_calls FROM turns GROUP BY ALL
+        )
+        SELECT e.training_run, e.training_step, e.policy_version,
+               count(*) AS episodes,
+               count(*) FILTER (WHERE e.is_infra_failure) AS infra_failures,
+               round(avg(s.score) FILTER (WHERE NOT e.is_infra_failure), 4) AS mean_reward,
+               round(avg(e.num_turns), 2) AS avg_turns,
+               round(avg(e.prompt_tokens + e.completion_tokens), 1) AS avg_tokens,
+               round(avg(e.completion_tokens), 1) AS avg_completion_tokens,
+               round(sum(t.tool_calls) / nullif(sum(e.num_turns), 0), 3) AS tool_calls_per_turn,
+               round(avg(CAST(e.termination = 'submitted' AS INTEGER)), 4) AS submitted_rate,
+               round(avg(CAST(e.termination = 'max_steps' AS INTEGER)), 4) AS max_steps_rate,
+               round(avg(CAST(e.termination = 'context_exhausted' AS INTEGER)), 4)
+                   AS context_exhausted_rate,
+               round(avg(CAST(e.token_ids_status = 'exact' AS INTEGER)), 4) AS exact_token_rate
+        FROM episodes e LEFT JOIN s USING (run_id, episode_id) LEFT JOIN t USING (run_id, episode_id)
+        WHERE e.training_run IS NOT NULL
+        GROUP BY ALL ORDER BY e.training_run, e.training_step NULLS FIRST, e.policy_version
+    """,
+    "rl_capability_usage": """
+        WITH tot AS (
+            SELECT training_run, training_step, sum(num_turns) AS turns FROM episodes
+            WHERE training_run IS NOT NULL GROUP BY ALL
+        ), u AS (
+            SELECT DISTINCT e.training_run, e.training_step, u.episode_id, u.turn_index,
+                   u.capability
+            FROM usage u JOIN episodes e USING (run_id, episode_id)
+            WHERE e.training_run IS NOT NULL AND u.capability <> 'none'
+        )
+        SELECT u.training_run, u.training_step, u.capability,
+               count(*) AS turns_with_capability, any_value(tot.turns) AS turns,
+               round(count(*) / nullif(any_value(tot.turns), 0), 4) AS rate
+        FROM u JOIN tot ON u.training_run = tot.training_run
+             AND u.training_step IS NOT DISTINCT FROM tot.training_step
+        GROUP BY ALL ORDER BY u.training_run, u.training_step NULLS FIRST, u.capability
+    """,
 }
 
 VIEW_HELP: dict[str, str] = {
@@ -316,7 +467,13 @@ VIEW_HELP: dict[str, str] = {
     "slow_tools": "tool latency percentiles, time-outs, OOM kills by tool",
     "timeouts": "commands that timed out, slowest first",
     "errors": "episodes by termination reason with an example error",
+    "rl_steps": "RL rollouts by training run x step x policy: reward, turns, tokens, terminations",
+    "rl_capability_usage": "RL rollouts: share of turns using each capability by training step",
 }
+
+# Nightly lineage and statistics views: created after the ones above, which they read.
+READY_VIEWS.update(SERIES_VIEWS)
+VIEW_HELP.update(SERIES_VIEW_HELP)
 
 
 @dataclass
@@ -345,6 +502,7 @@ class WarehouseQuery:
         threads: int | None = None,
         memory_limit: str | None = None,
         tables: tuple[str, ...] | None = None,
+        host_files: bool = False,
     ) -> None:
         self.layout = Layout(root)
         if not self.layout.root.is_dir():
@@ -355,6 +513,7 @@ class WarehouseQuery:
             )
         self.run_id = run_id
         self.quarantine = quarantine
+        self.host_files = host_files
         # Only these tables' files are read (others look empty): a cheap connection for
         # callers that need one table, e.g. done_keys on a large uncompacted run.
         self.tables = tuple(tables) if tables else TABLES
@@ -370,9 +529,19 @@ class WarehouseQuery:
         self.snapshot = Snapshot()
         try:
             self.refresh()
+            if not host_files:
+                self._close_around_warehouse()
         except BaseException:
             self.close()
             raise
+
+    def _close_around_warehouse(self) -> None:
+        """DuckDB may read the warehouse and nothing else, and cannot be told otherwise."""
+        roots = {str(self.layout.root), str(self.layout.root.resolve())}
+        allowed = ", ".join(_sql_str(r.rstrip("/") + "/") for r in sorted(roots))
+        self.con.execute(f"SET allowed_directories = [{allowed}]")
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
 
     # ---- building --------------------------------------------------------------------
     def refresh(self) -> Snapshot:
@@ -386,11 +555,15 @@ class WarehouseQuery:
                 return self._build()
             except FilesVanished:
                 continue
-            except duckdb.IOException as exc:
-                if attempt >= 4 or not _vanished(exc):
-                    raise WarehouseQueryError(
-                        f"reading the warehouse failed: {_first_line(exc)}"
-                    ) from None
+            except duckdb.Error as exc:
+                if isinstance(exc, duckdb.IOException) and _vanished(exc) and attempt < 4:
+                    continue
+                listed = [p for t in self.tables for p in self.layout.table_files(t, self.run_id)]
+                if attempt < 4 and self._left_out_corrupt(exc, listed):
+                    continue  # validate_files now leaves the corrupt file(s) out
+                raise WarehouseQueryError(
+                    f"reading the warehouse failed: {_first_line(exc)}"
+                ) from None
         raise WarehouseQueryError(
             f"{self.layout.root}: files kept changing while the views were built "
             "(a compaction loop?); try again"
@@ -541,32 +714,62 @@ class WarehouseQuery:
         """A lazy DuckDB relation (compose it, then .arrow() / .df() / .fetchall()).
 
         Errors in the SQL raise WarehouseQueryError here; prefer `rows` / `arrow` /
-        `execute`, which also retry once if a file vanished under a concurrent compaction.
+        `execute`, which also retry if a file vanished under a concurrent compaction or
+        turned out to be corrupt (left out, with a warning).
         """
-        if not query or not query.strip():
-            raise WarehouseQueryError("empty SQL query")
+        self._admit(query)
         try:
             return self.con.sql(query)
         except duckdb.Error as exc:
             raise WarehouseQueryError(self._explain(query, exc)) from None
 
-    def _retrying(self, query: str, run: Callable[[], T]) -> T:
-        """Run `run`; if a file vanished under a concurrent compaction, re-list and retry."""
+    def _admit(self, query: str) -> None:
         if not query or not query.strip():
             raise WarehouseQueryError("empty SQL query")
-        for attempt in range(3):
+        if not self.host_files:
+            check_read_only(query)
+
+    def _retrying(self, query: str, run: Callable[[], T]) -> T:
+        """Run `run`; if a file vanished under a concurrent compaction, or a file's data
+        pages turn out to be corrupt (left out from now on), re-list and retry."""
+        self._admit(query)
+        for attempt in range(4):
             try:
                 return run()
             except duckdb.IOException as exc:
-                if attempt < 2 and _vanished(exc):
+                if attempt < 3 and _vanished(exc):
+                    self.refresh()
+                    continue
+                if attempt < 3 and self._left_out_corrupt(exc):
                     self.refresh()
                     continue
                 raise WarehouseQueryError(
                     f"reading the warehouse failed: {_first_line(exc)}"
                 ) from None
             except duckdb.Error as exc:
+                if attempt < 3 and self._left_out_corrupt(exc):
+                    self.refresh()
+                    continue
                 raise WarehouseQueryError(self._explain(query, exc)) from None
         raise AssertionError("unreachable")
+
+    def _left_out_corrupt(self, exc: BaseException, files: list[Path] | None = None) -> bool:
+        """After a DuckDB error that may come from a file's bytes: find the file(s) whose
+        data pages do not decode among `files` (default: the snapshot's), so the next build
+        leaves them out (validate's cache marks them bad). True if any was found."""
+        if isinstance(exc, _NOT_DATA_ERRORS):
+            return False
+        if files is None:
+            infos = {t: [f.path for f in fs] for t, fs in self.snapshot.files.items()}
+        else:
+            infos = {"": files}
+        found: list[BadFile] = []
+        for table, paths in infos.items():
+            named = named_in(exc, paths)  # DuckDB names the file in some errors: read it first
+            found += verify_files(named, table) or verify_files(paths, table)
+        for b in found:
+            log.warning("warehouse: leaving out %s (found while a query failed)", b)
+        return bool(found)
 
     def execute(self, query: str) -> duckdb.DuckDBPyConnection:
         """Run SQL now; fetch from the returned cursor (fetchall / fetchmany / description)."""

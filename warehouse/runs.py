@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from warehouse.convert import dumps, now_utc, rows_table, utc
 from warehouse.layout import Layout, write_parquet_atomic
 from warehouse.schema import check_run_id
-from warehouse.secrets import scrub
+from datasets_prep.secrets import scrub
 
 RUN_STATUSES = ("running", "finished", "failed", "interrupted")
 
@@ -42,8 +42,14 @@ def write_run(
     started_at: datetime | None = None,
     notes: str | None = None,
     status: str = "running",
+    series: str | None = None,
+    image_id: str | None = None,
 ) -> dict[str, Any]:
-    """Record (or re-record) a run's row; returns the row as stored."""
+    """Record (or re-record) a run's row; returns the row as stored.
+
+    `series` names the schedule the run belongs to (a deployment's name); with the task
+    set's hash and the model it decides which runs are compared night to night.
+    """
     check_run_id(run_id)
     if status not in RUN_STATUSES:
         raise ValueError(f"run status {status!r} is not one of {', '.join(RUN_STATUSES)}")
@@ -65,6 +71,8 @@ def write_run(
         "sandflow_version": _sandflow_version(),
         "notes": notes,
         "written_at": now_utc(),
+        "series": series,
+        "image_id": image_id,
     }
     write_parquet_atomic(rows_table("runs", [row]), layout.run_file(run_id))
     return row

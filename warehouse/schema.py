@@ -86,6 +86,10 @@ RUNS = pa.schema(
         pa.field("sandflow_version", pa.string()),
         pa.field("notes", pa.string()),
         pa.field("written_at", _TS),
+        # Lineage (NULL in older files): runs of one series, task set (dataset_hash) and
+        # model are compared night to night (the run_series / nightly_diff views).
+        pa.field("series", pa.string()),  # the deployment or --series name; NULL: ad hoc
+        pa.field("image_id", pa.string()),  # the sandbox image's engine id (sha256:...)
     ]
 )
 
@@ -117,6 +121,14 @@ EPISODES = pa.schema(
         pa.field("written_at", _TS),
         pa.field("reasoning_tokens", pa.int64()),
         pa.field("answer_source", pa.string()),  # answer_file | submit_argument | last_message | reply
+        # RL rollouts (NULL for other runs and in older files): the trainer's run, step
+        # and policy version, and whether the turns' token ids form one exact sequence.
+        pa.field("training_run", pa.string()),
+        pa.field("training_step", pa.int64()),
+        pa.field("policy_version", pa.string()),
+        pa.field("token_ids_status", pa.string()),  # exact | missing | mismatch at turn N: why
+        # JSON: the output folder's export: files, bytes, skipped counts per reason + examples
+        pa.field("output_export", pa.string()),
     ]
 )
 

@@ -9,6 +9,13 @@ silently unions a foreign file's columns in. So every file is checked first:
    culprit): tagged ``sandflow.table=<this table>``, carrying its column list;
 3. files without a column list (hand-made) get their schema read and key columns checked.
 
+That reads footers only. A file whose header and footer are intact but whose data pages
+are corrupt (a bad disk block, a torn copy) passes them and fails later, inside a query,
+with an error that names no file. ``verify_data`` reads every page of every column chunk
+(and checks the pages' CRC32 where the writer stored one: write_parquet_atomic does), so
+`sandflow warehouse check` finds such files by name, and a query that fails on one learns
+which file it was (``find_corrupt``) and leaves it out like any other bad file.
+
 Bad files are left out and reported (path + reason); with quarantine they move to
 ``<root>/_quarantine/`` next to a ``.reason.txt``. Results are cached per (path, size,
 mtime), so re-validating an unchanged warehouse costs one stat per file.
@@ -204,6 +211,112 @@ def validate_files(
         else:
             bad.append(BadFile(p, table, r))
     return good, bad
+
+
+# ---- data pages ------------------------------------------------------------------------
+_data_cache: dict[_Key, str | None] = {}
+VERIFY_BATCH_ROWS = 2048  # rows decoded at a time: bounds memory on huge text columns
+
+
+def verify_data(path: Path) -> str | None:
+    """Decode every page of every column chunk of `path`; None if all decode, else why not.
+
+    Streams each column in small batches (memory stays bounded on a compacted file with
+    megabytes of text per row group) and verifies page checksums where present. Results
+    are cached per (path, size, mtime): an unchanged file is read once per process.
+    """
+    key, problem = _magic(path)
+    if key is None:
+        return _VANISHED
+    with _cache_lock:
+        if key in _data_cache:
+            return _data_cache[key]
+    if problem is None:
+        problem = _decode_all(path)
+    if problem != _VANISHED:
+        with _cache_lock:
+            if len(_data_cache) > 500_000:
+                _data_cache.clear()
+            _data_cache[key] = problem
+        if problem is not None:
+            _remember(key, problem)  # validate_files now leaves it out too
+    return problem
+
+
+def _decode_all(path: Path) -> str | None:
+    """Both readers: pyarrow checks page CRCs (DuckDB silently reads some corrupt pages),
+    DuckDB parses page headers its own way (pyarrow passes some it rejects)."""
+    return _decode_pyarrow(path) or _decode_duckdb(path)
+
+
+def _decode_duckdb(path: Path) -> str | None:
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET threads = 1")
+        con.execute("SET enable_progress_bar = false")
+        # hash of the whole row: every column chunk is read and decoded, nothing is kept
+        con.execute(
+            "SELECT bit_xor(hash(t)) FROM read_parquet(?, hive_partitioning = false) t",
+            [str(path)],
+        ).fetchall()
+    except duckdb.IOException as exc:
+        if not path.exists():
+            return _VANISHED
+        return f"corrupt data pages: {_first(exc)}"
+    except duckdb.Error as exc:
+        return f"corrupt data pages: {_first(exc)}"
+    finally:
+        con.close()
+    return None
+
+
+def _first(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:200]
+
+
+def _decode_pyarrow(path: Path) -> str | None:
+    where = "the footer"
+    try:
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
+        try:
+            for name in pf.schema_arrow.names:
+                where = f"column {name!r}"
+                for _ in pf.iter_batches(
+                    batch_size=VERIFY_BATCH_ROWS, columns=[name], use_threads=False
+                ):
+                    pass
+        finally:
+            pf.close()
+    except FileNotFoundError:
+        return _VANISHED
+    except MemoryError:
+        raise
+    except Exception as exc:  # thrift, decompression, checksum, decoding: all mean corrupt
+        return f"corrupt data pages in {where}: {_first(exc)}"
+    return None
+
+
+def verify_files(files: list[Path], table: str, *, threads: int | None = None) -> list[BadFile]:
+    """`verify_data` over many files (in threads: pyarrow decodes without the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not files:
+        return []
+    workers = max(1, min(threads or (os.cpu_count() or 2), 8, len(files)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="verify") as pool:
+        problems = list(pool.map(verify_data, files))
+    return [
+        BadFile(p, table, r)
+        for p, r in zip(files, problems, strict=True)
+        if r is not None and r != _VANISHED
+    ]
+
+
+def named_in(exc: BaseException, files: list[Path]) -> list[Path]:
+    """Files of `files` that an error message names (DuckDB names some, not all)."""
+    text = str(exc)
+    return [p for p in files if str(p) in text]
 
 
 def _remember(key: _Key, result: FileInfo | str) -> None:

@@ -16,7 +16,13 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from datasets_prep.verifiers import choice, instruct, mathv, numeric, text  # noqa: F401  (register)
-from datasets_prep.verifiers.base import DESCRIPTIONS, REGISTRY, VerifierError, VerifierResult
+from datasets_prep.verifiers.base import (
+    DESCRIPTIONS,
+    GOLD_CHECKS,
+    REGISTRY,
+    VerifierError,
+    VerifierResult,
+)
 from datasets_prep.verifiers.judge import JudgeEndpoint
 
 if TYPE_CHECKING:
@@ -65,6 +71,8 @@ def choose(task: Task) -> str:
         return "choice_multi" if "," in gt else "choice_single"
     if isinstance(gt, int | float) and not isinstance(gt, bool):
         return "numeric"
+    if isinstance(gt, dict) and "value" in gt:  # {"value", "unit", "rel_tol"}: a quantity
+        return "numeric"
     return "open"
 
 
@@ -73,6 +81,28 @@ def get(name: str) -> Any:
         return REGISTRY[name]
     except KeyError:
         raise VerifierError(f"unknown verifier {name!r}; known: auto, {', '.join(sorted(REGISTRY))}") from None
+
+
+def check_ground_truth(task: Task, verifier: str | None = None) -> str:
+    """Raise VerifierError when the verifier that would score `task` (by name, or the one
+    `auto` picks) is unknown or cannot use its ground truth; return the verifier's name.
+
+    Task validation calls this, so a ground truth no verifier can use (a nested dict, a
+    letter outside the options, ...) is refused when the task set is prepared, not
+    discovered as a silent 0 after the episodes ran. Scoring runs the same check first."""
+    explicit = verifier not in (None, "", "auto")
+    name = str(verifier) if explicit else choose(task)
+    get(name)
+    gold = GOLD_CHECKS.get(name)
+    if gold is not None:
+        try:
+            gold(task.ground_truth, task)
+        except VerifierError as e:
+            how = "" if explicit or (task.verifier and task.verifier != "auto") else (
+                f" (picked for qa_type {task.qa_type!r})" if task.qa_type else f" (picked for domain {task.domain!r})"
+            )
+            raise VerifierError(f"ground_truth: the {name!r} verifier{how} cannot use it: {e}") from None
+    return name
 
 
 def score(
@@ -95,6 +125,7 @@ __all__ = [
     "VerifierResult",
     "VerifierError",
     "score",
+    "check_ground_truth",
     "choose",
     "available",
     "get",

@@ -36,15 +36,24 @@ class VerifierError(ValueError):
 
 
 VerifierFn = Callable[..., VerifierResult]  # (answer, ground_truth, task, **inputs)
+GoldCheck = Callable[[Any, "Task | None"], None]
 REGISTRY: dict[str, VerifierFn] = {}
 DESCRIPTIONS: dict[str, str] = {}
+# name -> a cheap check that raises VerifierError for a ground truth the verifier cannot
+# use. It runs before every scoring (so an unusable ground truth is never the answer's 0,
+# even for an empty answer) and when a task is built (datasets_prep.task).
+GOLD_CHECKS: dict[str, GoldCheck] = {}
 
 
-def register(name: str, description: str) -> Callable[[VerifierFn], VerifierFn]:
+def register(
+    name: str, description: str, gold: GoldCheck | None = None
+) -> Callable[[VerifierFn], VerifierFn]:
     def deco(fn: VerifierFn) -> VerifierFn:
         def wrapped(
             answer: Any, ground_truth: Any, task: Task | None = None, **inputs: Any
         ) -> VerifierResult:
+            if gold is not None:
+                gold(ground_truth, task)
             r = fn(answer, ground_truth, task, **inputs)  # inputs: e.g. the judge's endpoint
             if not r.verifier:
                 r.verifier = name
@@ -54,6 +63,8 @@ def register(name: str, description: str) -> Callable[[VerifierFn], VerifierFn]:
         wrapped.__doc__ = fn.__doc__
         REGISTRY[name] = wrapped
         DESCRIPTIONS[name] = description
+        if gold is not None:
+            GOLD_CHECKS[name] = gold
         return wrapped
 
     return deco
@@ -71,3 +82,25 @@ def as_text(answer: Any) -> str | None:
         answer = answer.decode("utf-8", "replace")
     text = str(answer)
     return text if text.strip() else None
+
+
+def describe(value: Any, n: int = 80) -> str:
+    """A short description of a value for an error: its type and the start of its repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:n]}{'...' if len(text) > n else ''}"
+
+
+def text_like(ground_truth: Any, verifier: str) -> list[str]:
+    """The accepted answers of a text-like ground truth: text, a number, or a flat list of
+    those. Anything else (a dict, a nested list, an object) raises VerifierError."""
+    items = list(ground_truth) if isinstance(ground_truth, list | tuple) else [ground_truth]
+    for g in items:
+        if g is not None and not isinstance(g, str | int | float):
+            raise VerifierError(
+                f"the {verifier!r} verifier needs a ground truth of text, a number, or a list of "
+                f"those; got {describe(ground_truth)}"
+            )
+    out = [str(g) for g in items if g is not None and str(g).strip()]
+    if not out:
+        raise VerifierError(f"{verifier} ground truth is empty: {ground_truth!r}")
+    return out

@@ -5,7 +5,14 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from datasets_prep.verifiers.base import VerifierError, VerifierResult, as_text, register, result
+from datasets_prep.verifiers.base import (
+    VerifierError,
+    VerifierResult,
+    as_text,
+    describe,
+    register,
+    result,
+)
 from datasets_prep.verifiers.extract import last_boxed
 
 if TYPE_CHECKING:
@@ -19,6 +26,7 @@ _PATTERNS = (
 )
 
 
+_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _OPTION_LINE = re.compile(r"^\(?([A-Z])[.):]\)?\s+\S")
 
 
@@ -58,14 +66,44 @@ def letters_in(text: str, valid: str) -> set[str] | None:
 
 
 def gold_letters(ground_truth: Any) -> set[str]:
-    items = ground_truth if isinstance(ground_truth, list | tuple | set) else re.split(r"[,;\s]+", str(ground_truth or ""))
-    gold = {str(x).strip().upper() for x in items if str(x).strip()}
-    if not gold or any(len(g) != 1 or not g.isalpha() for g in gold):
-        raise VerifierError(f"multiple-choice ground truth must be option letters, got {ground_truth!r}")
+    if isinstance(ground_truth, list | tuple | set):
+        items = list(ground_truth)
+    elif isinstance(ground_truth, str):
+        items = re.split(r"[,;\s]+", ground_truth)
+    else:
+        items = [ground_truth]
+    if any(not isinstance(x, str) for x in items):
+        raise VerifierError(f"multiple-choice ground truth must be option letters, got {describe(ground_truth)}")
+    gold = {x.strip().upper() for x in items if x.strip()}
+    if not gold or any(len(g) != 1 or g not in _ALPHABET for g in gold):
+        raise VerifierError(f"multiple-choice ground truth must be option letters, got {describe(ground_truth)}")
     return gold
 
 
-@register("choice_single", "one option letter, exact match")
+def _gold_choice(ground_truth: Any, task: Task | None, *, single: bool) -> None:
+    gold = gold_letters(ground_truth)
+    valid = _valid_letters(task)
+    outside = sorted(gold - set(valid))
+    if outside:
+        raise VerifierError(
+            f"ground truth letter(s) {','.join(outside)} are not among the task's {len(valid)} options"
+        )
+    if single and len(gold) > 1:
+        raise VerifierError(
+            f"single-choice ground truth names {len(gold)} options ({','.join(sorted(gold))}): "
+            "use qa_type multi_choice"
+        )
+
+
+def _gold_single(ground_truth: Any, task: Task | None) -> None:
+    _gold_choice(ground_truth, task, single=True)
+
+
+def _gold_multi(ground_truth: Any, task: Task | None) -> None:
+    _gold_choice(ground_truth, task, single=False)
+
+
+@register("choice_single", "one option letter, exact match", gold=_gold_single)
 def choice_single(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     gold = gold_letters(ground_truth)
     text = as_text(answer)
@@ -80,7 +118,7 @@ def choice_single(answer: Any, ground_truth: Any, task: Task | None = None) -> V
     return result(1 if ok else 0, f"chose {next(iter(got))}, expected {','.join(sorted(gold))}", chosen=sorted(got))
 
 
-@register("choice_multi", "a set of option letters, F1 against the gold set")
+@register("choice_multi", "a set of option letters, F1 against the gold set", gold=_gold_multi)
 def choice_multi(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     gold = gold_letters(ground_truth)
     text = as_text(answer)

@@ -15,7 +15,14 @@ import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from datasets_prep.verifiers.base import VerifierError, VerifierResult, as_text, register, result
+from datasets_prep.verifiers.base import (
+    VerifierError,
+    VerifierResult,
+    as_text,
+    describe,
+    register,
+    result,
+)
 
 if TYPE_CHECKING:
     from datasets_prep.task import Task
@@ -51,14 +58,25 @@ def parse_spec(ground_truth: Any, task: Task | None) -> tuple[list[str], list[di
     if not isinstance(gt, dict) or "instruction_id_list" not in gt:
         raise VerifierError(
             "instruction ground truth must be {'instruction_id_list': [...], 'kwargs': [...]}, "
-            f"got {type(gt).__name__}"
+            f"got {describe(gt)}"
         )
-    ids = list(gt["instruction_id_list"])
-    kwargs = list(gt.get("kwargs") or [{} for _ in ids])
+    raw_ids, raw_kwargs = gt["instruction_id_list"], gt.get("kwargs")
+    if not isinstance(raw_ids, list | tuple) or not raw_ids or not all(isinstance(i, str) and i for i in raw_ids):
+        raise VerifierError(f"instruction_id_list must be a non-empty list of ids, got {describe(raw_ids)}")
+    ids = list(raw_ids)
+    if raw_kwargs is not None and not isinstance(raw_kwargs, list | tuple):
+        raise VerifierError(f"instruction kwargs must be a list of objects, got {describe(raw_kwargs)}")
+    kwargs = list(raw_kwargs or [{} for _ in ids])
     if len(kwargs) != len(ids):
         raise VerifierError(f"instruction ground truth has {len(ids)} ids but {len(kwargs)} kwargs")
+    if not all(k is None or isinstance(k, dict) for k in kwargs):
+        raise VerifierError(f"instruction kwargs must be objects (or null), got {describe(kwargs)}")
     prompt = str(gt.get("prompt") or (task.problem_statement if task else ""))
     return ids, kwargs, prompt
+
+
+def _gold_spec(ground_truth: Any, task: Task | None) -> None:
+    parse_spec(ground_truth, task)
 
 
 def _loose_variants(response: str) -> list[str]:
@@ -117,11 +135,11 @@ def _score(answer: Any, ground_truth: Any, task: Task | None, mode: str) -> Veri
     return result(1 if len(passed) == len(checked) else 0, reason, partial=partial, checks=checks)
 
 
-@register("instruction", "IFBench checkers, loose mode (all instructions must pass)")
+@register("instruction", "IFBench checkers, loose mode (all instructions must pass)", gold=_gold_spec)
 def instruction_loose(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     return _score(answer, ground_truth, task, "loose")
 
 
-@register("instruction_strict", "IFBench checkers, strict mode (all instructions must pass)")
+@register("instruction_strict", "IFBench checkers, strict mode (all instructions must pass)", gold=_gold_spec)
 def instruction_strict(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     return _score(answer, ground_truth, task, "strict")

@@ -77,7 +77,20 @@ def parse_verdict(text: str) -> tuple[float, str]:
     raise VerifierError(f"the judge's reply has no score: {(text or '')[:120]!r}")
 
 
-@register("judge", "an LLM judge via an OpenAI-compatible endpoint (SANDFLOW_JUDGE_*), on request only")
+def _gold_reference(ground_truth: Any, task: Task | None) -> None:
+    """Any JSON value can be shown to a judge as the reference; an empty one cannot."""
+    if ground_truth is None or (isinstance(ground_truth, str | list | dict) and not ground_truth):
+        raise VerifierError("the judge needs a reference answer; the ground truth is empty")
+    try:
+        json.dumps(ground_truth)
+    except (TypeError, ValueError):
+        raise VerifierError(f"the judge's reference must be JSON, got {type(ground_truth).__name__}") from None
+
+
+@register(
+    "judge", "an LLM judge via an OpenAI-compatible endpoint (SANDFLOW_JUDGE_*), on request only",
+    gold=_gold_reference,
+)
 def judge(
     answer: Any, ground_truth: Any, task: Task | None = None, *, endpoint: JudgeEndpoint | None = None
 ) -> VerifierResult:

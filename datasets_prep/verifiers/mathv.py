@@ -13,7 +13,14 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from datasets_prep.verifiers.base import VerifierError, VerifierResult, as_text, register, result
+from datasets_prep.verifiers.base import (
+    VerifierError,
+    VerifierResult,
+    as_text,
+    register,
+    result,
+    text_like,
+)
 from datasets_prep.verifiers.extract import final_answer, last_boxed
 
 if TYPE_CHECKING:
@@ -67,7 +74,12 @@ def math_equal(answer: str, ground_truth: Any) -> tuple[bool, str]:
     return ok, f"{pred[:40]!r} {'=' if ok else '!='} {gold_text[:40]!r}"
 
 
-@register("math", "mathematical equivalence with math-verify (last \\boxed{} or last line)")
+def _gold_math(ground_truth: Any, task: Task | None) -> None:
+    """Text or a number (a flat list is read as its text); parsing waits for scoring."""
+    text_like(ground_truth, "math")
+
+
+@register("math", "mathematical equivalence with math-verify (last \\boxed{} or last line)", gold=_gold_math)
 def math(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     text = as_text(answer)
     if text is None:

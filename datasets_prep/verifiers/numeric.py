@@ -13,7 +13,14 @@ import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from datasets_prep.verifiers.base import VerifierError, VerifierResult, as_text, register, result
+from datasets_prep.verifiers.base import (
+    VerifierError,
+    VerifierResult,
+    as_text,
+    describe,
+    register,
+    result,
+)
 from datasets_prep.verifiers.extract import final_answer
 
 if TYPE_CHECKING:
@@ -85,29 +92,52 @@ def _pint_unit(u: str) -> str:
     return u or "dimensionless"
 
 
+def _tolerance(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise VerifierError(f"numeric {name} must be a number, got {describe(value)}")
+    try:
+        tol = float(value)
+    except ValueError:
+        raise VerifierError(f"numeric {name} must be a number, got {value!r}") from None
+    if not tol >= 0 or tol == float("inf"):  # also NaN
+        raise VerifierError(f"numeric {name} must be a finite number >= 0, got {value!r}")
+    return tol
+
+
 def gold_quantity(ground_truth: Any, task: Task | None) -> tuple[float, str, float, float]:
     meta = task.metadata if task else {}
-    rel = float(meta.get("rel_tol", DEFAULT_REL_TOL))
-    abs_ = float(meta.get("abs_tol", 0.0))
+    rel = _tolerance(meta.get("rel_tol", DEFAULT_REL_TOL), "rel_tol")
+    abs_ = _tolerance(meta.get("abs_tol", 0.0), "abs_tol")
     gt = ground_truth
     if isinstance(gt, dict):
         if "value" not in gt:
-            raise VerifierError(f"numeric ground truth mapping needs a 'value', got keys {sorted(gt)}")
-        rel = float(gt.get("rel_tol", rel))
-        abs_ = float(gt.get("abs_tol", abs_))
-        unit = str(gt.get("unit") or "")
+            raise VerifierError(f"numeric ground truth mapping needs a 'value', got keys {sorted(map(str, gt))}")
+        rel = _tolerance(gt.get("rel_tol", rel), "rel_tol")
+        abs_ = _tolerance(gt.get("abs_tol", abs_), "abs_tol")
+        unit = gt.get("unit") or ""
+        if not isinstance(unit, str):
+            raise VerifierError(f"numeric ground truth's unit must be text, got {describe(unit)}")
         gt = gt["value"]
     else:
         unit = ""
-    if isinstance(gt, int | float) and not isinstance(gt, bool):
+    if isinstance(gt, bool) or not isinstance(gt, int | float | str):
+        raise VerifierError(
+            f"numeric ground truth must be a number, a text such as '9.81 m/s^2', or "
+            f"{{'value', 'unit', 'rel_tol'}}; got {describe(ground_truth)}"
+        )
+    if isinstance(gt, int | float):
         return float(gt), unit, rel, abs_
-    parsed = parse_quantity(str(gt))
+    parsed = parse_quantity(gt)
     if parsed is None:
         raise VerifierError(f"numeric ground truth has no number: {ground_truth!r}")
     return parsed[0], unit or parsed[1], rel, abs_
 
 
-@register("numeric", "a number within a tolerance (default 1% relative), units converted with pint")
+def _gold_numeric(ground_truth: Any, task: Task | None) -> None:
+    gold_quantity(ground_truth, task)
+
+
+@register("numeric", "a number within a tolerance (default 1% relative), units converted with pint", gold=_gold_numeric)
 def numeric(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     gold, unit, rel, abs_ = gold_quantity(ground_truth, task)
     text = as_text(answer)

@@ -9,7 +9,7 @@ import unicodedata
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from datasets_prep.verifiers.base import VerifierError, VerifierResult, as_text, register, result
+from datasets_prep.verifiers.base import VerifierResult, as_text, register, result, text_like
 from datasets_prep.verifiers.extract import final_answer
 
 if TYPE_CHECKING:
@@ -29,14 +29,14 @@ def normalize(text: str) -> str:
 
 
 def _golds(ground_truth: Any) -> list[str]:
-    golds = ground_truth if isinstance(ground_truth, list | tuple) else [ground_truth]
-    out = [str(g) for g in golds if g is not None and str(g).strip()]
-    if not out:
-        raise VerifierError(f"text ground truth is empty: {ground_truth!r}")
-    return out
+    return text_like(ground_truth, "text")
 
 
-@register("exact", "normalised string match (case, punctuation, articles ignored); a list means any of")
+def _gold_text(ground_truth: Any, task: Task | None) -> None:
+    _golds(ground_truth)
+
+
+@register("exact", "normalised string match (case, punctuation, articles ignored); a list means any of", gold=_gold_text)
 def exact(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     golds = _golds(ground_truth)
     text = as_text(answer)
@@ -57,7 +57,7 @@ def _scorer() -> Any:
     return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
 
 
-@register("rouge", "ROUGE-L F1 against the reference text (stemmed)")
+@register("rouge", "ROUGE-L F1 against the reference text (stemmed)", gold=_gold_text)
 def rouge(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     golds = _golds(ground_truth)
     text = as_text(answer)
@@ -67,7 +67,7 @@ def rouge(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierR
     return result(best, f"ROUGE-L F1 {best:.3f}", rouge_l=best)
 
 
-@register("open", "open answer as the paper scores it: math-verify first, then ROUGE-L")
+@register("open", "open answer as the paper scores it: math-verify first, then ROUGE-L", gold=_gold_text)
 def open_answer(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     from datasets_prep.verifiers.mathv import math_equal
 

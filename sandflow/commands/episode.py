@@ -41,17 +41,21 @@ def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 
 
 def _read_inputs(input_dir: Path | None) -> dict[str, str | bytes]:
+    """The files of `--input-dir`, read under datasets_prep.paths' rules: nothing from
+    outside the folder (symlinks leaving it are refused by name), UTF-8 names without
+    control characters, regular files only, bounded sizes. Any problem stops the command
+    here, before the model, the sandbox or a record is touched."""
     if input_dir is None:
         return {}
-    files: dict[str, str | bytes] = {}
-    for path in sorted(input_dir.rglob("*")):
-        if path.is_file():
-            data = path.read_bytes()
-            try:
-                files[path.relative_to(input_dir).as_posix()] = data.decode("utf-8")
-            except UnicodeDecodeError:
-                files[path.relative_to(input_dir).as_posix()] = data
-    return files
+    from datasets_prep.paths import InputFolderError, read_input_folder
+
+    try:
+        folder = read_input_folder(input_dir)
+    except InputFolderError as exc:
+        raise _fail(str(exc)) from None
+    for name, why in folder.skipped:
+        typer.secho(f"note: {input_dir}: skipped {name!r}: {why}", err=True, fg=typer.colors.YELLOW)
+    return folder.files
 
 
 def _preflight(cfg: Any, model_given: bool) -> Any:
@@ -246,7 +250,7 @@ def register(app: typer.Typer) -> None:
         """
         from pydantic import ValidationError
 
-        from datasets_prep.task import Task
+        from datasets_prep.task import TaskValidationError, make_task
         from sandflow.config import load_settings
         from tasks.journal import JournalRecorder
         from tasks.local_model import LocalModelError, endpoint
@@ -296,12 +300,16 @@ def register(app: typer.Typer) -> None:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")[:-3]
         run_dir = output_dir / stamp
         files_dir = run_dir / "files"
-        # An ad-hoc query has no ground truth: build the task without the dataset checks
-        # (run_episode still checks the input file names).
-        task = Task.model_construct(
-            id=f"adhoc-{stamp}", domain=domain, problem_statement=query, ground_truth=None,
-            input_files=_read_inputs(input_dir), qa_type=None, verifier="auto", metadata={},
-        )
+        # An ad-hoc query has no ground truth: every other check of a task holds (names,
+        # sizes, UTF-8, no secret of the environment in the query or the files).
+        try:
+            task = make_task(
+                {"id": f"adhoc-{stamp}", "domain": domain, "problem_statement": query,
+                 "ground_truth": None, "input_files": _read_inputs(input_dir)},
+                "--query/--input-dir", adhoc=True,
+            )
+        except TaskValidationError as exc:
+            raise _fail(str(exc)) from None
         view = LiveView(quiet)
         try:
             with endpoint(model_cfg) as cfg:

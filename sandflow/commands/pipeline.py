@@ -257,11 +257,11 @@ def bench(
     max_sandboxes: int = typer.Option(None, "--max-sandboxes", min=1, help="Live sandboxes at once (default: --concurrency)."),
     max_model_calls: int = typer.Option(None, "--max-model-calls", min=1, help="Concurrent model calls (default: unbounded)."),
     max_steps: int = typer.Option(
-        None, "--max-steps", min=1, help="Turns per sandbox episode (default 30; 6 with the embedded model)."
+        None, "--max-steps", min=1, help="Turns per sandbox episode (default 30; 4 with the embedded model)."
     ),
     max_tokens: int = typer.Option(
         None, "--max-tokens", min=1,
-        help="Completion tokens per call (default SANDFLOW_MAX_TOKENS or 2048; 512 with the embedded model).",
+        help="Completion tokens per call (default SANDFLOW_MAX_TOKENS or 2048; 256 with the embedded model).",
     ),
     wall_clock_s: float = typer.Option(900.0, "--wall-clock", help="Seconds per episode, model and tools together."),
     warehouse: str = _WAREHOUSE,
@@ -293,14 +293,15 @@ def bench(
     if task_runner not in ("thread", "dask"):
         _fail(f"--task-runner {task_runner!r}: use thread or dask")
     # The embedded 135M model rarely submits and rambles to max_tokens, one request at a
-    # time on the CPU: keep the demo to minutes unless told otherwise.
+    # time on the CPU: keep the demo to minutes unless told otherwise (2 cores: a sandbox
+    # turn takes ~5-15 s, mostly prompt evaluation).
     if max_steps is None:
-        max_steps = 30 if s.base_url else 6
+        max_steps = 30 if s.base_url else 4
     if concurrency is None:  # one CPU model server: interleaved episodes would thrash its prefix cache
         concurrency = 4 if s.base_url else 1
     if max_tokens is None:
         explicit = "SANDFLOW_MAX_TOKENS" in os.environ or "max_tokens" in s.model_fields_set
-        max_tokens = s.max_tokens if (s.base_url or explicit) else 512
+        max_tokens = s.max_tokens if (s.base_url or explicit) else 256
 
     console.print(
         f"[bold]sandflow bench[/] source=[cyan]{source}[/] mode={mode} samples={samples} "

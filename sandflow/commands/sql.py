@@ -38,6 +38,12 @@ Raw files (every attempt and batch): _raw_<table>.
 
 Bad files (truncated, corrupt, foreign schema) are left out with a warning naming them;
 --quarantine moves them to <warehouse>/_quarantine/.
+
+[bold]Read-only[/bold]: the SQL reads the warehouse and nothing else. COPY ... TO, EXPORT,
+ATTACH, INSTALL/LOAD, SET and reading other host files (read_csv('/etc/passwd'),
+read_text, glob) are refused. Save a result with --format csv|json|parquet --output FILE;
+--allow-host-files gives the SQL DuckDB's full access to your files (your own exports,
+joins with other files).
 """
 
 
@@ -54,29 +60,35 @@ def _err_console() -> Console:
     return err_console()
 
 
-def _open(root: Path, run: str | None, quarantine: bool) -> WarehouseQuery:
+def _open(
+    root: Path, run: str | None, quarantine: bool, host_files: bool = False
+) -> WarehouseQuery:
     from warehouse.query import WarehouseError, WarehouseQuery
 
     err = _err_console()
     try:
-        q = WarehouseQuery(root, run_id=run, quarantine=quarantine)
+        q = WarehouseQuery(root, run_id=run, quarantine=quarantine, host_files=host_files)
     except (WarehouseError, ValueError) as exc:
         raise fail(str(exc), EXIT_FAILED) from None
-    snap = q.snapshot
-    if snap.bad:
-        verb = (
-            "moved to _quarantine"
-            if quarantine
-            else "skipped (use --quarantine to move them aside)"
-        )
-        err.print(f"[yellow]warning:[/yellow] {len(snap.bad)} bad file(s) {verb}:")
-        for b in snap.bad[:20]:
-            err.print(f"  [yellow]{b.path}[/yellow]: {b.reason}")
-        if len(snap.bad) > 20:
-            err.print(f"  ... and {len(snap.bad) - 20} more")
-    for p in snap.journal_problems[:5]:
+    _warn_bad(q, quarantine, already=set())
+    for p in q.snapshot.journal_problems[:5]:
         err.print(f"[yellow]journal:[/yellow] {p}")
     return q
+
+
+def _warn_bad(q: WarehouseQuery, quarantine: bool, already: set[Path]) -> None:
+    """Name the bad files left out that were not named before (a query can find more:
+    a file whose data pages are corrupt shows only when it is read)."""
+    new = [b for b in q.snapshot.bad if b.path not in already]
+    if not new:
+        return
+    err = _err_console()
+    verb = "moved to _quarantine" if quarantine else "skipped (use --quarantine to move them aside)"
+    err.print(f"[yellow]warning:[/yellow] {len(new)} bad file(s) {verb}:")
+    for b in new[:20]:
+        err.print(f"  [yellow]{b.path}[/yellow]: {b.reason}")
+    if len(new) > 20:
+        err.print(f"  ... and {len(new) - 20} more")
 
 
 def _cell(v: Any, width: int) -> str:
@@ -218,10 +230,12 @@ def _interactive(q: WarehouseQuery, console: Console, limit: int, width: int) ->
             continue
         query = "\n".join(buf).rstrip().rstrip(";")
         buf = []
+        seen = {b.path for b in q.snapshot.bad}
         try:
             _print_result(q, query, limit, width, console)
         except WarehouseQueryError as exc:
             console.print(f"[red]{exc}[/red]")
+        _warn_bad(q, q.quarantine, seen)
 
 
 def register(app: typer.Typer) -> None:
@@ -250,6 +264,12 @@ def register(app: typer.Typer) -> None:
         quarantine: bool = typer.Option(
             False, "--quarantine", help="Move bad files to <warehouse>/_quarantine/."
         ),
+        allow_host_files: bool = typer.Option(
+            False,
+            "--allow-host-files",
+            help="Give the SQL DuckDB's full access to your files: COPY ... TO, reading "
+            "other files, ATTACH, extensions. Off by default: the SQL only reads the warehouse.",
+        ),
     ) -> None:
         from rich.console import Console
 
@@ -264,7 +284,8 @@ def register(app: typer.Typer) -> None:
             raise fail("--output needs --format csv, json or parquet", EXIT_USAGE)
         root = _resolve_root(warehouse)
         console = Console(highlight=False)
-        with _open(root, run, quarantine) as q:
+        with _open(root, run, quarantine, allow_host_files) as q:
+            seen = {b.path for b in q.snapshot.bad}
             try:
                 if query is None:
                     print_views(q, console)
@@ -278,7 +299,9 @@ def register(app: typer.Typer) -> None:
                     if output is not None:
                         err.print(f"wrote {n} rows to {output} ({fmt})")
             except WarehouseQueryError as exc:
+                _warn_bad(q, quarantine, seen)
                 raise fail(str(exc), EXIT_FAILED) from None
+            _warn_bad(q, quarantine, seen)
 
     wh_app = typer.Typer(
         name="warehouse",
@@ -355,13 +378,37 @@ def register(app: typer.Typer) -> None:
         warehouse: Path | None = root_opt,
         run: str | None = typer.Option(None, "--run", "-r"),
         quarantine: bool = typer.Option(False, "--quarantine", help="Move bad files aside."),
+        quick: bool = typer.Option(
+            False,
+            "--quick",
+            help="Check headers and footers only (fast); by default every data page of "
+            "every file is read and its checksum verified.",
+        ),
     ) -> None:
-        """Validate every file; list bad ones (exit code 1 if any)."""
+        """Validate every file: magic bytes, footer, schema, and (unless --quick) every data
+        page of every column. Lists bad files by name; exit code 1 if there are any."""
         from rich.console import Console
 
+        from warehouse.validate import quarantine as move_aside
+        from warehouse.validate import verify_files
+
         root = _resolve_root(warehouse)
+        err = _err_console()
         with _open(root, run, quarantine) as q:
-            n = sum(len(v) for v in q.snapshot.files.values())
-            Console(highlight=False).print(f"{n} good file(s), {len(q.snapshot.bad)} bad")
-            if q.snapshot.bad:
+            good = {t: [f.path for f in fs] for t, fs in q.snapshot.files.items()}
+            n = sum(len(v) for v in good.values())
+            corrupt = []
+            if not quick and n:
+                with Console(stderr=True).status(f"reading every page of {n} file(s) ..."):
+                    for table, paths in good.items():
+                        corrupt += verify_files(paths, table)
+            for b in corrupt:
+                err.print(f"  [yellow]{b.path}[/yellow]: {b.reason}")
+                if quarantine:
+                    dest = move_aside(b, q.layout.root)
+                    err.print(f"    moved to {dest}")
+            bad = len(q.snapshot.bad) + len(corrupt)
+            depth = "headers and footers" if quick else "every page read"
+            Console(highlight=False).print(f"{n - len(corrupt)} good file(s), {bad} bad ({depth})")
+            if bad:
                 raise typer.Exit(EXIT_FAILED)

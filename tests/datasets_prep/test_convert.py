@@ -112,15 +112,17 @@ def test_context_path_2gb_document_refused_without_reading(tmp_path):
     big = tmp_path / "big.txt"
     with open(big, "wb") as f:
         f.truncate(2 * 1024**3)  # sparse: nothing allocated
-    rows = [{"path": str(big), "question": "q", "answer": "a"}]
-    with pytest.raises(TaskValidationError, match=r"row 0: context_path: .*big.txt' is 2\.0 GB, over the limit"):
-        convert_rows(rows, ColumnMapping(context=None, context_path="path"))
+    rows = [{"path": "big.txt", "question": "q", "answer": "a"}]
+    with pytest.raises(
+        TaskValidationError, match=r"row 0: context_path \(column 'path'\): 'big.txt' is 2\.0 GB, over the limit"
+    ):
+        convert_rows(rows, ColumnMapping(context=None, context_path="path"), base_dir=tmp_path)
 
 
 def test_context_path_non_utf8(tmp_path):
     (tmp_path / "l1.txt").write_bytes(b"caf\xe9")
     rows = [{"path": "l1.txt", "question": "q", "answer": "a"}]
-    with pytest.raises(TaskValidationError, match="row 0: context_path: .*not valid UTF-8"):
+    with pytest.raises(TaskValidationError, match=r"row 0: context_path \(column 'path'\): 'l1.txt' is not valid UTF-8"):
         convert_rows(rows, ColumnMapping(context=None, context_path="path"), base_dir=tmp_path)
 
 
@@ -128,3 +130,63 @@ def test_llm_mode_statement_drops_the_sandbox_note():
     (t,) = convert_rows([{"context": "Some text.", "question": "What is it?", "answer": "text"}])
     assert "/testbed/documents/" in t.statement("sandbox")
     assert t.statement("llm") == "What is it?"
+
+
+# ---------------------------------- issue #11: context_path stays inside the table's folder
+@pytest.fixture
+def corpus(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-issue11-context-path-KEY-000111")
+    (tmp_path / "secret.txt").write_text("TOP SECRET")
+    table = tmp_path / "table"
+    (table / "docs").mkdir(parents=True)
+    (table / "docs" / "a.txt").write_text("Alpha.\n")
+    return table
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("../secret.txt", "contains '..'"),
+        ("docs/../../secret.txt", "contains '..'"),
+        ("/proc/self/environ", "is an absolute path"),
+        ("/etc/passwd", "is an absolute path"),
+        ("link_out", "leads to"),
+        ("rel_link_out", "leads to"),
+        ("dir_out/secret.txt", "leads to"),
+        ("env_link", "leads to '/proc/"),
+    ],
+)
+def test_context_path_outside_the_table_folder_is_refused(corpus, value, says):
+    (corpus / "link_out").symlink_to(corpus.parent / "secret.txt")
+    (corpus / "rel_link_out").symlink_to("docs/../../secret.txt")
+    (corpus / "dir_out").symlink_to(corpus.parent)
+    (corpus / "env_link").symlink_to("/proc/self/environ")
+    rows = [{"path": "docs/a.txt", "question": "q0", "answer": "a"},
+            {"path": value, "question": "q1", "answer": "a"}]
+    with pytest.raises(TaskValidationError) as e:
+        convert_rows(rows, ColumnMapping(context=None, context_path="path"), base_dir=corpus)
+    msg = str(e.value)
+    assert msg.startswith(f"row 1: context_path (column 'path'): '{value}'"), msg
+    assert says in msg and "TOP SECRET" not in msg and "sk-issue11" not in msg
+
+
+def test_context_path_needs_a_table_folder():
+    rows = [{"path": "a.txt", "question": "q", "answer": "a"}]
+    with pytest.raises(TaskValidationError, match="row 0: context_path .*this source has none"):
+        convert_rows(rows, ColumnMapping(context=None, context_path="path"))
+
+
+def test_context_path_symlinks_inside_the_folder_are_followed(corpus):
+    (corpus / "alias.txt").symlink_to("docs/a.txt")
+    rows = [{"path": "alias.txt", "question": "q", "answer": "a"}]
+    (t,) = convert_rows(rows, ColumnMapping(context=None, context_path="path"), base_dir=corpus)
+    assert list(t.input_files.values()) == ["Alpha.\n"]
+
+
+def test_a_document_holding_a_secret_is_refused(corpus):
+    (corpus / "docs" / "env.txt").write_text("OPENAI_API_KEY=sk-issue11-context-path-KEY-000111\n")
+    rows = [{"path": "docs/env.txt", "question": "q", "answer": "a"}]
+    with pytest.raises(TaskValidationError) as e:
+        convert_rows(rows, ColumnMapping(context=None, context_path="path"), base_dir=corpus)
+    assert "row 0 (id " in str(e.value) and "holds the value of the environment variable OPENAI_API_KEY" in str(e.value)
+    assert "sk-issue11" not in str(e.value)

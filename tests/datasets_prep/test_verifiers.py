@@ -19,6 +19,15 @@ def T(**kw) -> Task:
     return Task(**base)
 
 
+def unchecked(**kw) -> Task:
+    """A task whose ground truth validation would refuse (as one built with model_construct
+    or read by an older version): scoring must still raise, never return 0."""
+    base = {"id": "t", "domain": "general", "problem_statement": "q?", "ground_truth": "x",
+            "input_files": {}, "qa_type": None, "verifier": "auto", "metadata": {}}
+    base.update(kw)
+    return Task.model_construct(**base)
+
+
 # ------------------------------------------------------------------------- math
 @pytest.mark.parametrize("answer", ["\\boxed{1/2}", "The answer is \\boxed{\\frac{1}{2}}", "0.5", "so we get\n\\boxed{0.5}"])
 def test_math_right(answer):
@@ -73,7 +82,7 @@ def test_choice_multi_f1():
 
 def test_choice_bad_ground_truth():
     with pytest.raises(VerifierError, match="option letters"):
-        score(T(qa_type="single_choice", ground_truth="forty"), "A")
+        score(unchecked(qa_type="single_choice", ground_truth="forty"), "A")
 
 
 # ------------------------------------------------------------------------ numeric
@@ -112,7 +121,7 @@ def test_numeric_percent_and_exact_counts():
 
 def test_numeric_bad_ground_truth():
     with pytest.raises(VerifierError):
-        score(T(qa_type="numeric", ground_truth="lots"), "3")
+        score(unchecked(qa_type="numeric", ground_truth="lots"), "3")
 
 
 # --------------------------------------------------------------------------- text
@@ -183,17 +192,18 @@ def test_instruction_ground_truth_as_peer_json_text():
     t = T(domain="instruct_follow", qa_type="instruction", ground_truth=json.dumps(IF_GT))
     assert score(t, "Hello World Again").score == 1
     with pytest.raises(VerifierError):
-        score(T(qa_type="instruction", ground_truth="not json"), "x")
+        score(unchecked(qa_type="instruction", ground_truth="not json"), "x")
 
 
 # ---------------------------------------------------------------- auto / registry
 def test_auto_choice():
     assert choose(T(domain="math")) == "math"
     assert choose(T(domain="chem", ground_truth="C")) == "choice_single"
+    assert choose(T(domain="chem", ground_truth={"value": 18.015, "unit": "g/mol"})) == "numeric"
     assert choose(T(domain="biomed", ground_truth="A,D")) == "choice_multi"
     assert choose(T(domain="anything", qa_type="Multiple Choice", ground_truth="A,B")) == "choice_multi"
     assert choose(T(domain="physics", ground_truth={"value": 1, "unit": "m"})) == "numeric"
-    assert choose(T(domain="instruct_follow", ground_truth={"instruction_id_list": []})) == "instruction"
+    assert choose(unchecked(domain="instruct_follow", ground_truth={"instruction_id_list": []})) == "instruction"
     assert choose(T(domain="long_context", ground_truth="some text")) == "open"
     assert choose(T(verifier="rouge", qa_type="math")) == "rouge"
     assert set(available()) >= {"auto", "math", "choice_single", "choice_multi", "numeric", "exact", "rouge",
@@ -269,3 +279,37 @@ def test_judge_unconfigured(monkeypatch):
 
     with pytest.raises(VerifierError, match="SANDFLOW_JUDGE_BASE_URL"):
         score(T(), "x", "judge", judge=load_settings().judge_endpoint())
+
+
+# ------------------------------------ issue #11: an unusable ground truth is never a 0
+NESTED = {"a": {"b": 1}}
+
+
+@pytest.mark.parametrize("name", ["exact", "rouge", "open", "math", "numeric", "choice_single",
+                                  "choice_multi", "instruction", "instruction_strict"])
+@pytest.mark.parametrize("answer", ["The answer is 4", "", None])
+def test_a_nested_dict_ground_truth_raises_at_scoring_for_every_verifier(name, answer):
+    """Was: 'open'/'math'/'exact' scored str(dict) against the answer and returned 0 (and an
+    empty answer returned 0 before the ground truth was even looked at)."""
+    t = unchecked(ground_truth=NESTED)
+    with pytest.raises(VerifierError):
+        score(t, answer, name)
+    with pytest.raises(VerifierError):
+        get(name)(answer, NESTED, t)
+
+
+def test_auto_scoring_of_a_nested_dict_raises():
+    for kw in ({"domain": "math"}, {"domain": "general"}, {"qa_type": "exact"}, {"domain": "physics"}):
+        with pytest.raises(VerifierError):
+            score(unchecked(ground_truth=NESTED, **kw), "4")
+
+
+def test_check_ground_truth_names_the_verifier():
+    from datasets_prep.verifiers import check_ground_truth
+
+    assert check_ground_truth(T(qa_type="exact", ground_truth=["a", 1, 2.5])) == "exact"
+    assert check_ground_truth(T(qa_type="numeric", ground_truth={"value": "9.81", "unit": "m/s^2"})) == "numeric"
+    with pytest.raises(VerifierError, match="ground_truth: the 'exact' verifier cannot use it"):
+        check_ground_truth(unchecked(ground_truth=NESTED), "exact")
+    # the judge can show any JSON value to its model as the reference
+    assert check_ground_truth(T(verifier="judge", ground_truth=NESTED)) == "judge"

@@ -1,0 +1,39 @@
+"""sandflow as the environment an on-policy RL trainer drives.
+
+Two forms (docs/rl.md):
+
+- step-wise, in-process: `SandboxEnv` (gym style: reset(task) -> messages,
+  step(assistant turn) -> observations, done, reward) and its SkyRL adapter
+  (`rl.skyrl`);
+- whole episodes as a service: the rollout server (`rl.server`, `sandflow rl serve`) and
+  its client (`rl.client.RolloutClient`).
+
+Both record every rollout in the warehouse, tagged with the training run, step and
+policy version. Imports are lazy: `import rl` pulls in neither docker nor FastAPI.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "SandboxEnv": "rl.env",
+    "StepResult": "rl.env",
+    "InfraError": "rl.env",
+    "RolloutTags": "rl.recording",
+    "task_from_row": "rl.rows",
+    "RowError": "rl.rows",
+    "reply_from_action": "rl.toolcalls",
+    "parse_text_tool_calls": "rl.toolcalls",
+    "RolloutClient": "rl.client",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rl' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

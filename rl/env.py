@@ -1,0 +1,309 @@
+"""The step-wise environment: the trainer generates, sandflow runs the sandbox.
+
+    env = SandboxEnv(warehouse="warehouse_data", tags=RolloutTags(training_run="r1", step=3))
+    messages = env.reset(row)              # a Task, or a verl/rllm row (rl.rows)
+    while True:
+        text = policy.generate(messages, tools=env.tools)      # the trainer's own generation
+        out = env.step(text)               # raw text or an OpenAI assistant message
+        messages += [assistant(text)] + out.observations
+        if out.done:
+            break                          # out.reward: the verifier's score
+    env.close()
+
+The episode is the agent loop's own (tasks.loop.SteppedEpisode): the same tools, prompts,
+limits (max steps, wall clock, per-command timeout, observation cap) and records; every
+episode is recorded in the warehouse like any run, tagged with the training run, step and
+policy version. `step` returns reward 0.0 until the episode is done, then the verifier's
+score. An infrastructure failure (the sandbox broke) is never a reward: `step` raises
+`InfraError` after recording the episode as such; opening a sandbox is retried first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from datasets_prep.task import Task
+from rl.recording import RolloutRecorder, RolloutTags
+from rl.reward import Reward, reward_of
+from rl.rows import task_from_row
+from rl.toolcalls import ToolCallFormat, reply_from_action
+from sandbox.base import SandboxConfig
+from tasks.loop import Limits, SteppedEpisode
+from tasks.model import ModelConfig
+from tasks.records import INFRA_TERMINATIONS, EpisodeRecord, NullRecorder, Recorder, Termination
+from tasks.tools import TOOL_SCHEMAS
+
+ObservationRole = Literal["tool", "user"]
+
+
+class InfraError(RuntimeError):
+    """The sandbox broke under the episode (recorded as sandbox_error): not a reward."""
+
+    def __init__(self, message: str, record: EpisodeRecord | None = None) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+class _OpenFailed(Exception):
+    pass
+
+
+@dataclass
+class StepResult:
+    observations: list[dict[str, Any]]  # what the environment said: tool results, or a nudge
+    reward: float  # 0.0 until done; then the verifier's score
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+_SAMPLES: dict[tuple[str, str], itertools.count[int]] = {}
+_SAMPLES_LOCK = threading.Lock()
+_RUNS_WRITTEN: set[tuple[str, str]] = set()
+
+
+def _next_sample(run_id: str, task_id: str) -> int:
+    """Sample indices per (run, task) in this process, so episode keys never collide."""
+    with _SAMPLES_LOCK:
+        counter = _SAMPLES.setdefault((run_id, task_id), itertools.count())
+        return next(counter)
+
+
+_PROCESS_RUNS: dict[str, str] = {}
+
+
+def default_run_id(tags: RolloutTags) -> str:
+    """One warehouse run per training run and process: `<training_run>-env-<pid>-<random>`.
+
+    Per process, so that trainers that make one environment object per trajectory (SkyRL)
+    still write one run, and two processes never write the same episode keys.
+    """
+    base = "".join(c if c.isalnum() or c in "._-" else "-" for c in (tags.training_run or "rl"))
+    base = base.lstrip("._-") or "rl"
+    with _SAMPLES_LOCK:
+        if base not in _PROCESS_RUNS:
+            _PROCESS_RUNS[base] = f"{base[:80]}-env-{os.getpid()}-{secrets.token_hex(3)}"
+        return _PROCESS_RUNS[base]
+
+
+class SandboxEnv:
+    """One episode at a time in one sandbox; reuse the object for the next episode."""
+
+    tools: list[dict[str, Any]] = TOOL_SCHEMAS
+
+    def __init__(
+        self,
+        *,
+        sandbox: SandboxConfig | None = None,
+        limits: Limits | None = None,
+        warehouse: str | Path | None = None,
+        recorder: Recorder | None = None,
+        tags: RolloutTags | None = None,
+        run_id: str | None = None,
+        policy: ModelConfig | str = "policy",
+        tool_call_format: ToolCallFormat = "auto",
+        observation_role: ObservationRole = "tool",
+        prompt_dir: str | None = None,
+        open_attempts: int = 3,
+        durability: Literal["turn", "sync", "flush"] = "turn",
+    ) -> None:
+        """
+        Args:
+            sandbox: how to open each episode's sandbox (default: docker, network none).
+            limits: the episode's limits (max_steps, wall_clock_s, exec_timeout_s, ...).
+            warehouse: record every episode there (one warehouse run per env, see run_id).
+            recorder: or any tasks.records.Recorder (default: in memory only).
+            tags: training run, step and policy version stamped on every episode; `step`
+                and `policy_version` may change between episodes (`env.tags.step = n`).
+            run_id: the warehouse run (default: default_run_id(tags)).
+            policy: the policy's name (or a ModelConfig with its sampling) for the records.
+            tool_call_format: how tool calls are read from raw text (rl.toolcalls.FORMATS).
+            observation_role: "tool" (tool messages) or "user" for chat templates without
+                a tool role.
+            open_attempts: tries to open a sandbox before reset() raises InfraError.
+        """
+        self.sandbox_cfg = sandbox
+        self.limits = limits or Limits()
+        self.tags = tags or RolloutTags()
+        self.run_id = run_id or default_run_id(self.tags)
+        self.policy = policy if isinstance(policy, ModelConfig) else ModelConfig(model=policy)
+        self.tool_call_format: ToolCallFormat = tool_call_format
+        self.observation_role: ObservationRole = observation_role
+        self.prompt_dir = prompt_dir
+        self.open_attempts = max(1, open_attempts)
+        self.warehouse = Path(warehouse) if warehouse is not None else None
+        if recorder is None and self.warehouse is not None:
+            from warehouse.writer import EpisodeWriter
+
+            recorder = EpisodeWriter(self.warehouse, durability=durability)
+        self._inner = recorder or NullRecorder()
+        self.recorder = RolloutRecorder(self._inner, self.tags)
+        self.task: Task | None = None
+        self.episode: SteppedEpisode | None = None
+        self.reward: Reward | None = None
+        self.step_overhead_s: list[float] = []  # the env's own time per step, tools excluded
+
+    # -- gym API --------------------------------------------------------------------
+    def reset(
+        self, task: Task | Mapping[str, Any] | str, *, sample_index: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Start an episode of `task` (a Task or a dataset row); returns its first messages.
+
+        A running episode is ended first (recorded as interrupted). Raises InfraError when
+        no sandbox could be opened after `open_attempts` tries, RowError for a bad row.
+        """
+        if self.episode is not None and not self.episode.done:
+            self.close("interrupted", "reset() before the episode ended")
+        self.task = task_from_row(task)
+        self.reward = None
+        self._write_run()
+        index = (
+            sample_index if sample_index is not None else _next_sample(self.run_id, self.task.id)
+        )
+        try:
+            for attempt in Retrying(
+                retry=retry_if_exception_type(_OpenFailed),
+                stop=stop_after_attempt(self.open_attempts),
+                wait=wait_random_exponential(multiplier=0.2, max=2.0),
+                reraise=True,
+            ):
+                with attempt:
+                    messages = self._start(index)
+        except _OpenFailed as exc:
+            rec = self.episode.record if self.episode else None
+            raise InfraError(
+                f"could not start an episode of task {self.task.id!r} after "
+                f"{self.open_attempts} attempt(s): {exc}",
+                rec,
+            ) from None
+        return messages
+
+    def step(
+        self,
+        action: str | Mapping[str, Any],
+        *,
+        prompt_token_ids: list[int] | None = None,
+        completion_token_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        usage: Mapping[str, Any] | None = None,
+        finish_reason: str | None = None,
+    ) -> StepResult:
+        """Run the turn's tool calls; the token ids, when given, are recorded exactly."""
+        t0 = time.perf_counter()
+        ep = self._running()
+        reply = reply_from_action(
+            action,
+            fmt=self.tool_call_format,
+            id_prefix=f"call_{len(ep.turns)}_",
+            prompt_token_ids=prompt_token_ids,
+            completion_token_ids=completion_token_ids,
+            logprobs=logprobs,
+            usage=usage,
+            finish_reason=finish_reason,
+        )
+        new = ep.step(reply)
+        observations = [self._observation(m) for m in new]
+        info: dict[str, Any] = {"episode_id": ep.record.episode_id, "turn": len(ep.turns) - 1}
+        reward = 0.0
+        if ep.done:
+            reward = self._end(info)
+        tools_s = ep.turns[-1].tool_latency_s if ep.turns else 0.0
+        self.step_overhead_s.append(max(0.0, time.perf_counter() - t0 - tools_s))
+        return StepResult(observations=observations, reward=reward, done=ep.done, info=info)
+
+    def close(self, reason: Termination = "interrupted", error: str | None = None) -> None:
+        """End a running episode with `reason` (recorded) and release its sandbox. Idempotent."""
+        if self.episode is not None and not self.episode.done:
+            self.episode.finish(reason, error or "the trainer closed the environment")
+        elif self.episode is not None:
+            self.episode.finish()
+
+    def __enter__(self) -> SandboxEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------
+    def _start(self, index: int) -> list[dict[str, Any]]:
+        assert self.task is not None
+        self.episode = SteppedEpisode(
+            self.task,
+            self.sandbox_cfg,
+            self.recorder,
+            model_cfg=self.policy,
+            sample_index=index,
+            run_id=self.run_id,
+            limits=self.limits,
+            prompt_dir=self.prompt_dir,
+        )
+        self.recorder.tag(self.episode.record, self.tags)
+        messages = self.episode.start()
+        if self.episode.done:  # the sandbox did not open, or the inputs could not be placed
+            rec = self.episode.finish()
+            raise _OpenFailed(rec.error or str(rec.termination))
+        return messages
+
+    def _running(self) -> SteppedEpisode:
+        if self.episode is None:
+            raise RuntimeError("call reset(task) before step()")
+        if self.episode.done:
+            raise RuntimeError(
+                f"the episode has ended ({self.episode.record.termination}): call reset(task)"
+            )
+        return self.episode
+
+    def _observation(self, message: dict[str, Any]) -> dict[str, Any]:
+        if message.get("role") == "tool" and self.observation_role == "user":
+            return {"role": "user", "content": message.get("content", "")}
+        return message
+
+    def _end(self, info: dict[str, Any]) -> float:
+        assert self.episode is not None and self.task is not None
+        record = self.episode.finish()
+        info.update(
+            termination=record.termination,
+            answer=record.answer,
+            error=record.error,
+            token_ids_status=record.token_ids_status,
+        )
+        if record.termination in INFRA_TERMINATIONS:
+            raise InfraError(
+                f"episode {record.episode_id} (task {self.task.id!r}) ended by an "
+                f"infrastructure failure, not scored: {record.termination}: {record.error}",
+                record,
+            )
+        self.reward = reward_of(self.task, record.answer)
+        info.update(reward_reason=self.reward.reason, verifier=self.reward.verifier)
+        return self.reward.score
+
+    def _write_run(self) -> None:
+        if self.warehouse is None:
+            return
+        key = (str(self.warehouse), self.run_id)
+        with _SAMPLES_LOCK:
+            if key in _RUNS_WRITTEN:
+                return
+            _RUNS_WRITTEN.add(key)
+        from warehouse.store import Warehouse
+
+        Warehouse(self.warehouse).write_run(
+            self.run_id,
+            model=self.policy.model,
+            notes="rl step-wise environment",
+            config={
+                "form": "env",
+                "training_run": self.tags.training_run,
+                "policy": self.policy.public_dict(),
+                "limits": self.limits.model_dump(),
+            },
+        )

@@ -1,0 +1,34 @@
+"""The reward of an episode: its answer checked by the task's verifier (datasets_prep).
+
+A wrong or missing answer is the model's doing and scores 0 with a reason. A ground truth
+the verifier cannot use is the task's fault: `RewardError`, never a silent 0 (a trainer
+must not learn from it). Verifiers are pure and safe in any thread (math-verify's
+alarm-based timeouts are replaced by bounded inputs off the main thread).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from datasets_prep.task import Task
+
+
+class RewardError(ValueError):
+    """The task's ground truth or verifier is unusable: not the model's answer's fault."""
+
+
+@dataclass(frozen=True)
+class Reward:
+    score: float
+    reason: str
+    verifier: str
+
+
+def reward_of(task: Task, answer: str | None, verifier: str | None = None) -> Reward:
+    from datasets_prep.verifiers import VerifierError, score
+
+    try:
+        r = score(task, answer, verifier)
+    except VerifierError as exc:
+        raise RewardError(f"task {task.id!r}: {exc}") from None
+    return Reward(score=float(r.score), reason=r.reason, verifier=r.verifier or str(verifier))

@@ -1,0 +1,190 @@
+"""The rollout server: whole episodes as a service for an on-policy trainer.
+
+    POST /v1/rollouts   RolloutRequest (JSON) -> NDJSON stream of events, one per line:
+                        start, trajectory (each as it ends), group (advantages once a
+                        task's samples are in), done; or error (then the stream ends)
+    GET  /v1/health     {"status": "ok", "active_batches": N, "active_episodes": N}
+
+Bound to 127.0.0.1 by default (`sandflow rl serve --host` to change it). Episodes of all
+batches share one bound (`max_concurrency`: sandboxes and model calls at once) and one
+worker thread per slot. A trainer that disconnects cancels its batch: no new episode
+starts, running ones stop and their sandboxes are removed (rl.batch). Every batch is a
+warehouse run (status finished / interrupted), compacted at its end.
+
+The endpoint's API key, when the trainer sends one, is used for the model calls only:
+it is never written to the warehouse, the logs or the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field, ValidationError
+
+from rl.batch import Batch, RolloutRequest
+from rl.rows import RowError
+from sandbox.base import SandboxConfig
+from tasks.loop import Limits
+
+log = logging.getLogger(__name__)
+
+
+class ServerConfig(BaseModel):
+    """What the application hands the server (sandflow rl serve reads the settings)."""
+
+    warehouse: Path | None = Field(Path("warehouse_data"), description="None: record nothing")
+    max_concurrency: int = Field(64, ge=1, le=4096, description="episodes at once, all batches")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    limits: Limits = Field(default_factory=Limits)
+    durability: str = "turn"
+    compact: bool = True
+    prompt_dir: str | None = None
+
+
+def create_app(config: ServerConfig | None = None) -> FastAPI:
+    """The FastAPI app (run it with uvicorn; `serve()` does both)."""
+    cfg = config or ServerConfig()
+    state: dict[str, Any] = {"batches": set()}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        state["executor"] = ThreadPoolExecutor(
+            max_workers=cfg.max_concurrency, thread_name_prefix="rollout"
+        )
+        state["slots"] = asyncio.Semaphore(cfg.max_concurrency)
+        state["recorder"], state["warehouse"] = _recorder(cfg)
+        try:
+            yield
+        finally:
+            for batch in list(state["batches"]):
+                batch.cancel()
+            state["executor"].shutdown(wait=True, cancel_futures=True)
+            with contextlib.suppress(Exception):
+                state["recorder"].close()
+
+    app = FastAPI(title="sandflow rollout server", lifespan=lifespan)
+
+    @app.get("/v1/health")
+    async def health() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "active_batches": len(state["batches"]),
+            "active_episodes": sum(b.active for b in state["batches"]),
+            "max_concurrency": cfg.max_concurrency,
+        }
+
+    @app.post("/v1/rollouts", response_model=None)
+    async def rollouts(request: Request) -> Any:
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "the request body is not JSON"}, status_code=400)
+        try:
+            req = RolloutRequest.model_validate(body)
+            batch = Batch(
+                req,
+                recorder=state["recorder"],
+                executor=state["executor"],
+                slots=state["slots"],
+                sandbox=cfg.sandbox,
+                default_limits=cfg.limits,
+                warehouse=state["warehouse"],
+                prompt_dir=cfg.prompt_dir,
+            )
+        except ValidationError as exc:
+            return JSONResponse({"error": _validation_message(exc)}, status_code=422)
+        except (RowError, ValueError) as exc:
+            return JSONResponse({"error": str(exc)}, status_code=422)
+        if any(b.run_id == batch.run_id for b in state["batches"]):
+            return JSONResponse(
+                {"error": f"run {batch.run_id!r} is already being rolled out: give another run_id"},
+                status_code=409,
+            )
+        _write_run(state["warehouse"], batch)
+        state["batches"].add(batch)
+        return StreamingResponse(_ndjson(batch, state, cfg), media_type="application/x-ndjson")
+
+    return app
+
+
+async def _ndjson(batch: Batch, state: dict[str, Any], cfg: ServerConfig) -> AsyncIterator[bytes]:
+    finished = False
+    try:
+        async for event in batch.events():
+            yield (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        finished = True
+    finally:
+        state["batches"].discard(batch)
+        if not finished:
+            batch.cancel()
+        wh = state["warehouse"]
+        if wh is not None:
+            await asyncio.get_running_loop().run_in_executor(
+                None, _finish_run, wh, batch, finished, cfg.compact
+            )
+
+
+def _recorder(cfg: ServerConfig) -> tuple[Any, Any]:
+    if cfg.warehouse is None:
+        from tasks.records import NullRecorder
+
+        return NullRecorder(), None
+    from warehouse.store import Warehouse
+
+    wh = Warehouse(cfg.warehouse)
+    return wh.writer(durability=cfg.durability), wh  # type: ignore[arg-type]
+
+
+def _write_run(wh: Any, batch: Batch) -> None:
+    if wh is None:
+        return
+    req = batch.request
+    wh.write_run(
+        batch.run_id,
+        model=req.endpoint.model,
+        notes="rl rollout server batch",
+        config={
+            "form": "server",
+            "training_run": req.training_run,
+            "step": req.step,
+            "policy_version": req.policy_version,
+            "n": req.n,
+            "tasks": len(batch.tasks),
+            "sampling": req.sampling.model_dump(),
+            "endpoint": req.endpoint.model_dump(),  # api_key excluded by the model
+            "limits": batch.limits.model_dump(),
+        },
+    )
+
+
+def _finish_run(wh: Any, batch: Batch, finished: bool, compact: bool) -> None:
+    try:
+        wh.finish_run(batch.run_id, status="finished" if finished else "interrupted")
+        if compact and finished:
+            wh.compact(batch.run_id)
+    except Exception as exc:  # the rollouts were delivered; the bookkeeping can be redone
+        log.warning("finishing warehouse run %s failed: %s", batch.run_id, exc)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in e.get("loc", ())) or "body"
+        parts.append(f"{loc}: {e.get('msg')}")
+    return "; ".join(parts)
+
+
+def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8765) -> None:
+    """Run the server in the foreground (Ctrl+C stops it and removes its sandboxes)."""
+    import uvicorn
+
+    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")

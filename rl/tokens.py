@@ -1,0 +1,101 @@
+"""One exact token sequence per trajectory, from the ids the server returned per turn.
+
+Layout (verl / SkyRL multi-turn): ``prompt_ids`` is the first request's prompt;
+``response_ids`` are the turns' completions (mask 1, their logprobs) with the
+environment's tokens between them (mask 0, logprob 0.0), the latter taken from the next
+request's prompt ids. That is only sound when every request's prompt ids extend the
+previous prompt plus its completion exactly (an append-only history and a chat template
+that renders it back token for token). When they do not, nothing is re-tokenized: the
+trajectory carries no ids and `status` says why ("mismatch at turn N: ...").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tasks.records import TurnRecord
+
+
+@dataclass
+class TokenTrajectory:
+    status: str  # "exact" | "missing" | "mismatch at turn N: why"
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    response_mask: list[int] | None = None
+    response_logprobs: list[float] | None = None  # None when the server gave no logprobs
+    spans: list[tuple[int, int]] = field(default_factory=list)  # completion i: [start, end)
+
+    @property
+    def exact(self) -> bool:
+        return self.status == "exact"
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def assemble(turns: Sequence[TurnRecord]) -> TokenTrajectory:
+    """The trajectory's tokens, or the reason there are none (see the module docstring)."""
+    if not turns:
+        return TokenTrajectory(status="missing")
+    if all(t.prompt_token_ids is None and t.completion_token_ids is None for t in turns):
+        return TokenTrajectory(status="missing")
+    for t in turns:
+        if t.prompt_token_ids is None or t.completion_token_ids is None:
+            which = "prompt" if t.prompt_token_ids is None else "completion"
+            return TokenTrajectory(
+                status=f"mismatch at turn {t.turn_index}: the server returned no {which} token ids"
+            )
+        if t.usage.completion_tokens is not None and t.usage.completion_tokens != len(
+            t.completion_token_ids
+        ):
+            return TokenTrajectory(
+                status=f"mismatch at turn {t.turn_index}: {len(t.completion_token_ids)} completion "
+                f"ids but usage says {t.usage.completion_tokens}"
+            )
+        if t.completion_logprobs is not None and len(t.completion_logprobs) != len(
+            t.completion_token_ids
+        ):
+            return TokenTrajectory(
+                status=f"mismatch at turn {t.turn_index}: {len(t.completion_logprobs)} logprobs "
+                f"for {len(t.completion_token_ids)} completion ids"
+            )
+    with_logprobs = all(t.completion_logprobs is not None for t in turns)
+    prompt = list(turns[0].prompt_token_ids or [])
+    response: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    spans: list[tuple[int, int]] = []
+    seen = list(prompt)
+    for i, t in enumerate(turns):
+        p = list(t.prompt_token_ids or [])
+        if p[: len(seen)] != seen:
+            at = _first_difference(p, seen)
+            return TokenTrajectory(
+                status=f"mismatch at turn {t.turn_index}: its prompt ids do not extend the previous "
+                f"prompt and completion (first difference at token {at} of {len(seen)}; the chat "
+                "template re-renders the history differently, e.g. it drops reasoning)"
+            )
+        if i > 0:
+            env = p[len(seen) :]
+            response += env
+            mask += [0] * len(env)
+            logprobs += [0.0] * len(env)
+        c = list(t.completion_token_ids or [])
+        spans.append((len(response), len(response) + len(c)))
+        response += c
+        mask += [1] * len(c)
+        logprobs += list(t.completion_logprobs or []) if with_logprobs else [0.0] * len(c)
+        seen = p + c
+    return TokenTrajectory(
+        status="exact",
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=mask,
+        response_logprobs=logprobs if with_logprobs else None,
+        spans=spans,
+    )

@@ -1,0 +1,100 @@
+"""`sandflow rl serve`: the rollout server an on-policy trainer drives (rl/, docs/rl.md).
+
+The application reads the settings (flags > SANDFLOW_* > sandflow.toml) and hands the
+values to rl.server; the library never reads them itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+rl_app = typer.Typer(
+    name="rl",
+    help=(
+        "sandflow as the environment of an on-policy RL trainer. Two forms: the step-wise "
+        "environment in the trainer's process (python: rl.SandboxEnv, SkyRL: rl.skyrl), and "
+        "the rollout server below (whole episodes, streamed back token-exact). docs/rl.md."
+    ),
+    no_args_is_help=True,
+)
+
+
+@rl_app.command("serve")
+def serve(
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        help="Interface to bind; anything but loopback exposes the sandboxes.",
+    ),
+    port: int = typer.Option(8765, "--port", "-p", min=1, max=65535, help="TCP port."),
+    max_concurrency: int = typer.Option(
+        64,
+        "--max-concurrency",
+        "-c",
+        min=1,
+        max=4096,
+        help="Episodes at once over all batches (each holds a sandbox and a worker thread).",
+    ),
+    warehouse: Path | None = typer.Option(
+        None,
+        "--warehouse",
+        "-w",
+        help="Where every rollout is recorded (env SANDFLOW_WAREHOUSE; default warehouse_data).",
+    ),
+    no_record: bool = typer.Option(False, "--no-record", help="Record nothing (benchmarks only)."),
+    backend: str | None = typer.Option(None, "--backend", help="Sandbox backend: docker or bwrap."),
+    max_steps: int = typer.Option(
+        100,
+        "--max-steps",
+        min=1,
+        help="Default turns per episode (a request may set its own limits).",
+    ),
+    wall_clock: float = typer.Option(
+        1800.0, "--wall-clock", min=1.0, help="Default seconds per episode."
+    ),
+    exec_timeout: float | None = typer.Option(
+        None, "--exec-timeout", min=1.0, help="Seconds per shell command."
+    ),
+    no_compact: bool = typer.Option(
+        False, "--no-compact", help="Do not compact each batch's run at its end."
+    ),
+) -> None:
+    """Serve rollouts: POST /v1/rollouts with tasks x n, the trainer's endpoint and sampling;
+    trajectories stream back as NDJSON as each episode ends (docs/rl.md)."""
+    from rl.server import ServerConfig
+    from rl.server import serve as run_server
+    from sandflow.config import load_settings
+    from sandflow.errors import EXIT_USAGE, fail
+    from tasks.spec import RunSpec
+
+    settings = load_settings(warehouse=warehouse, backend=backend)
+    if settings.backend not in ("docker", "bwrap"):
+        raise fail(f"--backend {settings.backend!r}: use docker or bwrap", EXIT_USAGE)
+    # The episodes' sandbox and limits, built the one way every command builds them.
+    spec = RunSpec(
+        backend=settings.backend,
+        image=settings.image,
+        network=settings.network,
+        max_steps=max_steps,
+        wall_clock_s=wall_clock,
+        exec_timeout_s=exec_timeout,
+    )
+    cfg = ServerConfig(
+        warehouse=None if no_record else Path(settings.warehouse),
+        max_concurrency=max_concurrency,
+        sandbox=spec.to_sandbox_config(),
+        limits=spec.to_limits(),
+        compact=not no_compact,
+    )
+    where = "nothing (--no-record)" if cfg.warehouse is None else str(cfg.warehouse)
+    typer.echo(
+        f"sandflow rollout server on http://{host}:{port}/v1/rollouts "
+        f"(at most {max_concurrency} episodes at once; recording to {where}); Ctrl+C stops it"
+    )
+    run_server(cfg, host=host, port=port)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(rl_app, name="rl", rich_help_panel="RL")

@@ -1,0 +1,53 @@
+"""Fixtures of the RL tests: a task the scripted policies solve, the real engine, a warehouse."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from datasets_prep.task import Task
+from sandbox.base import SandboxConfig, SandboxLimits
+from tests.conftest import TEST_RUN_PREFIX
+
+WRITE_ANSWER = {"command": "python3 -c 'print(6*7)' > /testbed/output/answer.txt"}
+
+
+def new_run_id(tag: str) -> str:
+    return f"{TEST_RUN_PREFIX}rl-{tag}-{uuid.uuid4().hex[:6]}"
+
+
+def math_task(task_id: str = "six-times-seven", answer: str = "42") -> Task:
+    return Task(
+        id=task_id,
+        domain="math",
+        problem_statement="What is 6 * 7? Write only the number.",
+        ground_truth=answer,
+        qa_type="exact",
+        verifier="exact",
+        input_files={"notes.txt": "multiply\n"},
+    )
+
+
+def sandbox_cfg() -> SandboxConfig:
+    return SandboxConfig(limits=SandboxLimits(network="none", memory_mb=512))
+
+
+def containers_of(run_id: str) -> list[Any]:
+    import docker
+
+    return docker.from_env().containers.list(
+        all=True, ignore_removed=True, filters={"label": f"sandflow.run_id={run_id}"}
+    )
+
+
+def read_episodes(root: Any, run_id: str) -> list[dict[str, Any]]:
+    from warehouse.store import Warehouse
+
+    return Warehouse(root).episodes(run_id).to_pylist()
+
+
+def read_turns(root: Any, run_id: str) -> list[dict[str, Any]]:
+    from warehouse.store import Warehouse
+
+    rows = Warehouse(root).turns(run_id).to_pylist()
+    return sorted(rows, key=lambda r: (r["episode_id"], r["turn_index"]))

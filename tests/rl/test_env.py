@@ -1,0 +1,183 @@
+"""The step-wise environment against a real sandbox and a real warehouse.
+
+The policy's turns are written by the test (as a trainer would generate them), in both
+accepted forms: raw text with Hermes `<tool_call>` blocks, and OpenAI assistant messages.
+Token ids come from tests/scripted_model.ToyTokenizer, exactly as a vLLM server would
+return them, so the recorded ids can be checked to the token.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rl.env import InfraError, SandboxEnv
+from rl.recording import RolloutTags
+from tasks.loop import Limits
+from tests.rl.conftest import (
+    WRITE_ANSWER,
+    math_task,
+    new_run_id,
+    read_episodes,
+    read_turns,
+    sandbox_cfg,
+)
+from tests.scripted_model import ToyTokenizer
+
+
+def hermes(name: str, args: dict) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(args)}}}\n</tool_call>'
+
+
+def test_raw_text_and_openai_turns_reward_and_warehouse_tags(tmp_path: Path) -> None:
+    run_id = new_run_id("env")
+    tags = RolloutTags(training_run="grpo-7", step=12, policy_version="v12")
+    env = SandboxEnv(
+        sandbox=sandbox_cfg(),
+        warehouse=tmp_path,
+        tags=tags,
+        run_id=run_id,
+        durability="flush",
+        policy="qwen-test",
+    )
+    task = math_task()
+    first = env.reset(task)
+    assert [m["role"] for m in first] == ["system", "user"]
+    assert task.problem_statement in first[1]["content"]
+    assert "/testbed/documents/notes.txt" in first[1]["content"]
+
+    # 1. raw text, two calls in one turn, with reasoning first
+    text = (
+        "<think>compute it</think>Let me look.\n"
+        + hermes("execute_bash", {"command": "cat /testbed/documents/notes.txt"})
+        + "\n"
+        + hermes("execute_bash", WRITE_ANSWER)
+    )
+    out = env.step(text)
+    assert not out.done and out.reward == 0.0
+    assert [m["role"] for m in out.observations] == ["tool", "tool"]
+    assert [m["tool_call_id"] for m in out.observations] == ["call_0_0", "call_0_1"]
+    assert out.observations[0]["content"] == "multiply\n[exit code: 0]"
+    assert out.observations[1]["content"] == "[exit code: 0]"
+
+    # 2. prose without a tool call: the loop's nudge
+    out = env.step("I think I am done.")
+    assert not out.done
+    assert [m["role"] for m in out.observations] == ["user"]
+    assert "did not call a tool" in out.observations[0]["content"]
+
+    # 3. an OpenAI message with a structured call
+    out = env.step(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c9", "type": "function", "function": {"name": "submit", "arguments": "{}"}}
+            ],
+        }
+    )
+    assert out.done and out.reward == 1.0
+    assert out.observations == [{"role": "tool", "tool_call_id": "c9", "content": "Submitted."}]
+    assert out.info["termination"] == "submitted" and out.info["answer"] == "42"
+    env.close()
+
+    [ep] = read_episodes(tmp_path, run_id)
+    assert (ep["training_run"], ep["training_step"], ep["policy_version"]) == ("grpo-7", 12, "v12")
+    assert ep["termination"] == "submitted" and ep["answer"] == "42" and ep["num_turns"] == 3
+    assert ep["model"] == "qwen-test" and ep["token_ids_status"] == "missing"
+    turns = read_turns(tmp_path, run_id)
+    assert turns[0]["assistant_content"] == text  # the text exactly as generated
+    assert [c["name"] for c in turns[0]["tool_calls"]] == ["execute_bash", "execute_bash"]
+    assert turns[0]["reasoning_content"] == "compute it"
+    assert json.loads(turns[1]["extra_messages"])[0]["role"] == "user"
+    # the env's history is the policy's own text (no re-rendered tool calls)
+    assert env.episode is not None
+    assert env.episode.messages[2] == {"role": "assistant", "content": text}
+
+
+def test_token_ids_recorded_exactly_or_the_episode_says_why(tmp_path: Path) -> None:
+    run_id = new_run_id("env-tokens")
+    for drop_reasoning, expect in ((False, "exact"), (True, "mismatch at turn 1")):
+        tok = ToyTokenizer(drop_reasoning=drop_reasoning)
+        env = SandboxEnv(
+            sandbox=sandbox_cfg(),
+            warehouse=tmp_path,
+            run_id=run_id,
+            durability="flush",
+            tags=RolloutTags(training_run="t", step=1, policy_version="p"),
+        )
+        history = env.reset(math_task())
+        turns = ["<think>a</think>" + hermes("execute_bash", WRITE_ANSWER), hermes("submit", {})]
+        sent = []
+        for text in turns:
+            prompt = tok.render(history)
+            completion = tok.completion(text, [])
+            lps = [tok.logprob(t, i) for i, t in enumerate(completion)]
+            out = env.step(
+                text, prompt_token_ids=prompt, completion_token_ids=completion, logprobs=lps
+            )
+            sent.append((prompt, completion, lps))
+            history = [*history, {"role": "assistant", "content": text}, *out.observations]
+        assert out.done and out.reward == 1.0
+        ep = next(
+            e for e in read_episodes(tmp_path, run_id) if e["episode_id"] == out.info["episode_id"]
+        )
+        assert ep["token_ids_status"].startswith(expect), ep["token_ids_status"]
+        stored = [t for t in read_turns(tmp_path, run_id) if t["episode_id"] == ep["episode_id"]]
+        assert [
+            (t["prompt_token_ids"], t["completion_token_ids"], t["completion_logprobs"])
+            for t in stored
+        ] == [(p, c, lp) for p, c, lp in sent]
+        assert [t["prompt_tokens"] for t in stored] == [len(p) for p, _, _ in sent]
+
+
+def test_limits_end_the_episode_with_their_reason(tmp_path: Path) -> None:
+    env = SandboxEnv(
+        sandbox=sandbox_cfg(),
+        limits=Limits(max_steps=2, max_observation_chars=300),
+        run_id=new_run_id("env-limits"),
+    )
+    env.reset(math_task())
+    out = env.step(hermes("execute_bash", {"command": "yes abcdefgh | head -c 5000"}))
+    assert not out.done
+    assert (
+        len(out.observations[0]["content"]) < 400
+        and "<response clipped" in out.observations[0]["content"]
+    )
+    out = env.step("still thinking")
+    assert out.done and out.info["termination"] == "max_steps"
+    assert out.reward == 0.0 and out.info["reward_reason"]
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step("more")
+    env.close()
+
+
+def test_infra_failure_raises_and_is_recorded_not_scored(tmp_path: Path) -> None:
+    run_id = new_run_id("env-infra")
+    env = SandboxEnv(sandbox=sandbox_cfg(), warehouse=tmp_path, run_id=run_id, durability="flush")
+    env.reset(math_task())
+    assert env.episode is not None and env.episode.sandbox is not None
+    env.episode.sandbox.kill()  # type: ignore[attr-defined]  # the engine lost the container
+    with pytest.raises(InfraError, match="sandbox_error"):
+        env.step(hermes("execute_bash", {"command": "echo hi"}))
+    [ep] = read_episodes(tmp_path, run_id)
+    assert ep["termination"] == "sandbox_error" and ep["is_infra_failure"]
+
+
+def test_bad_actions_and_rows_are_clear_errors() -> None:
+    from rl.rows import RowError
+    from rl.toolcalls import ActionError
+
+    env = SandboxEnv(sandbox=sandbox_cfg(), run_id=new_run_id("env-bad"))
+    with pytest.raises(RowError, match="problem_statement"):
+        env.reset({"extra_info": {"id": "x", "domain": "math", "ground_truth": "1"}})
+    env.reset(math_task())
+    with pytest.raises(ActionError, match="role 'user'"):
+        env.step({"role": "user", "content": "hi"})
+    with pytest.raises(ActionError, match="logprobs"):
+        env.step("x", completion_token_ids=[1, 2], logprobs=[0.0])
+    out = env.step(hermes("submit", {}))
+    assert out.done
+    env.close()
