@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from analysis import metrics
+from analysis import comparisons, metrics, nightly_report
 from analysis.usage_rules import CAPABILITIES
 from warehouse.rundata import RunData
 
@@ -32,25 +32,38 @@ class ReportData:
     terminations: list[dict[str, Any]]
     ratio: dict[str, float | None]
     meta: dict[str, Any] = field(default_factory=dict)
+    # sandbox vs LLM paired by task; pass@k (issue #16: analysis/nightly_report.py)
+    modes: list[dict[str, Any]] = field(default_factory=list)
+    pass_at_k: list[dict[str, Any]] = field(default_factory=list)
+    nightly: nightly_report.NightlySection | None = None  # set by the report flow
 
     @classmethod
     def from_run(cls, data: RunData, meta: dict[str, Any] | None = None) -> ReportData:
         tok_rows = metrics.episode_tokens(data)
+        outcomes = comparisons.outcomes_from_episodes(data.episodes, data.scores)
         return cls(
             run_id=data.run_id,
-            accuracy=metrics.accuracy(data),
+            accuracy=comparisons.with_intervals(metrics.accuracy(data), comparisons.accuracy_intervals(outcomes)),
             usage=metrics.usage_rates(metrics.turn_labels(data)),
             tokens=metrics.token_summary(tok_rows),
             turns=metrics.turns_summary(data),
             terminations=metrics.terminations(data),
             ratio=metrics.sandbox_llm_ratio(tok_rows),
             meta=dict(meta or {}),
+            modes=nightly_report.mode_table(outcomes),
+            pass_at_k=nightly_report.pass_at_k_table(outcomes),
         )
 
     def tables(self) -> list[tuple[str, str, list[dict[str, Any]]]]:
         """(key, title, rows) of every table, in page order."""
         return [
-            ("accuracy", "Accuracy by domain x mode (%)", self.accuracy),
+            ("accuracy", "Accuracy by domain x mode (%, task-clustered SE and 95% CI)", self.accuracy),
+            *(
+                [("modes", "Sandbox vs LLM mode, paired by task (points, 95% CI, exact test)", self.modes)]
+                if self.modes
+                else []
+            ),
+            *([("pass_at_k", "pass@k (unbiased) and mean@k (%)", self.pass_at_k)] if self.pass_at_k else []),
             ("tokens", "Tokens per episode (mean) and sandbox/LLM ratio", self.tokens),
             ("usage", "Capability usage (% of sandbox turns)", self.usage),
             ("turns", "Turns per episode", self.turns),
@@ -85,7 +98,7 @@ def _grouped_bars(
     width = 0.8 / max(1, len(modes))
     for i, m in enumerate(modes):
         vals = [next((r[value] for r in rows if r["domain"] == d and r["mode"] == m), 0) or 0 for d in domains]
-        ax.bar([x + i * width for x in range(len(domains))], vals, width, label=m)
+        ax.bar([x + i * width for x in range(len(domains))], vals, width, label=m, yerr=_ci_err(rows, m, domains, vals))
     ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(domains))])
     ax.set_xticklabels(domains, rotation=20, ha="right")
     ax.set_ylabel(ylabel)
@@ -94,6 +107,19 @@ def _grouped_bars(
         ax.set_ylim(*ylim)
     ax.legend(fontsize=8)
     return _png(fig)
+
+
+def _ci_err(rows: Sequence[dict[str, Any]], mode: str, domains: list[str], vals: list[float]) -> Any:
+    """Error bars from ci_low / ci_high when the rows have them (the accuracy table)."""
+    by = {r["domain"]: r for r in rows if r["mode"] == mode}
+    if not any(by.get(d, {}).get("ci_low") is not None for d in domains):
+        return None
+    lo, hi = [], []
+    for d, v in zip(domains, vals, strict=True):
+        low, high = by.get(d, {}).get("ci_low"), by.get(d, {}).get("ci_high")
+        lo.append(max(0.0, v - low) if low is not None else 0.0)
+        hi.append(max(0.0, high - v) if high is not None else 0.0)
+    return [lo, hi]
 
 
 def _usage_plot(rows: Sequence[dict[str, Any]]) -> str | None:
@@ -203,6 +229,8 @@ def to_markdown(rd: ReportData) -> str:
         parts.append(f"- **{k}**: {v}")
     parts += [f"- {line}" for line in headline(rd)]
     parts.append("")
+    if rd.nightly is not None:
+        parts.append(nightly_report.to_markdown(rd.nightly))
     for _key, title, rows in rd.tables():
         parts.append(f"## {title}\n")
         parts.append(markdown_table(rows))
@@ -238,7 +266,8 @@ def to_html(rd: ReportData) -> str:
         f"<title>sandflow report — {html.escape(rd.run_id)}</title><style>{_CSS}</style></head><body>"
         f"<h1>sandflow report — run <code>{html.escape(rd.run_id)}</code></h1>"
         f"<div class='meta'>{meta}<div>generated {generated}</div></div>"
-        f"<ul class='head'>{heads}</ul><h2>Plots</h2><div class='plots'>{figs}</div>{sections}"
+        f"<ul class='head'>{heads}</ul>{nightly_report.to_html(rd.nightly) if rd.nightly else ''}"
+        f"<h2>Plots</h2><div class='plots'>{figs}</div>{sections}"
         "</body></html>"
     )
 

@@ -183,17 +183,18 @@ def mean_interval(
         return Interval(None, None, None, None, 0, 0, "no data", level)
     estimate = float(sums.sum() / counts.sum())
     se = clustered_se(sums, counts)
-    if t < 2:
-        return Interval(estimate, None, None, None, t, n_samples, "too few tasks", level)
     means = sums / counts
     if np.allclose(means, means[0]):
-        # Every task alike: nothing for a bootstrap to vary. For 0/1 outcomes the Wilson
-        # interval over the tasks still says how far from 0% / 100% the truth may be.
+        # Every task alike (or a single task): nothing for a bootstrap to vary. For 0/1
+        # outcomes the Wilson interval over the tasks still says how far from 0% / 100%
+        # the truth may be.
         if _is_binary(np.round(means, 12)):
             low, high = wilson(int(round(means.sum())), t, level)
             return Interval(
                 estimate, se, low, high, t, n_samples, "wilson (all tasks alike)", level
             )
+        if t < 2:
+            return Interval(estimate, None, None, None, t, n_samples, "too few tasks", level)
         return Interval(
             estimate, se, estimate, estimate, t, n_samples, "degenerate (all tasks alike)", level
         )

@@ -91,6 +91,17 @@ def name_problem(name: str) -> str | None:
     return None
 
 
+def _real_folder(root: str | Path) -> str:
+    """The folder, resolved; '/' is refused: every host file would be "inside" it."""
+    real = os.path.realpath(root)
+    if real == "/":
+        raise UnsafePathError(
+            f"the folder {str(root)!r} is the root of the file system, so every host file would be "
+            "inside it; keep the table (or the input files) in a folder of their own"
+        )
+    return real
+
+
 def inside(path: str | Path, root: str | Path) -> bool:
     """`path` is `root` or below it (both already resolved)."""
     return Path(path) == Path(root) or Path(path).is_relative_to(root)
@@ -112,7 +123,7 @@ def resolve_inside(root: str | Path, name: str) -> Path:
         )
     if ".." in PurePosixPath(name).parts:
         raise UnsafePathError(f"{show(name)} contains '..'; paths must stay inside {str(root)!r}")
-    real_root = os.path.realpath(root)
+    real_root = _real_folder(root)
     target = os.path.realpath(os.path.join(real_root, name))
     if not inside(target, real_root):
         raise UnsafePathError(
@@ -169,7 +180,7 @@ def read_inside(root: str | Path, name: str, *, limit: int | None = None) -> byt
     """The bytes of the file `name` names relative to `root`; nothing outside `root` is
     ever opened (see the module doc). Raises UnsafePathError naming the path."""
     target = resolve_inside(root, name)
-    real_root = os.path.realpath(root)
+    real_root = _real_folder(root)
     try:
         st = os.stat(target)
     except FileNotFoundError:
@@ -294,7 +305,10 @@ def read_input_folder(root: str | Path) -> InputFolder:
     the module doc. All problems are collected and raised together (InputFolderError),
     before any file is read, so the user fixes the folder in one go."""
     root = str(root)
-    real_root = os.path.realpath(root)
+    try:
+        real_root = _real_folder(root)
+    except UnsafePathError as e:
+        raise InputFolderError(f"input folder: {e}") from None
     if not os.path.isdir(real_root):
         raise InputFolderError(f"input folder {root!r} is not a folder")
     planned, skipped, problems = _plan(root, real_root)

@@ -354,7 +354,8 @@ def find_secret_in_task(task: Task, secrets: Mapping[str, str] | None = None) ->
     secrets = _env_secrets() if secrets is None else secrets
     if not secrets:
         return None
-    checks: list[tuple[str, Any]] = [("problem_statement", task.problem_statement), ("id", task.id)]
+    checks: list[tuple[str, Any]] = [("problem_statement", task.problem_statement)]
+    checks += [(f, getattr(task, f)) for f in ("id", "domain", "qa_type", "verifier")]
     checks += [(f"input_files[{name!r}]", content) for name, content in task.input_files.items()]
     checks += [(f"input_files[{name!r}] (its name)", name) for name in task.input_files]
     checks += [("ground_truth", task.ground_truth), ("metadata", task.metadata)]

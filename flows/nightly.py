@@ -47,8 +47,16 @@ def benchmark(
     judge: JudgeEndpoint | None = None,
     max_seq_tokens: int | None = None,
     rollouts: bool = True,
+    fail_on_regression: bool = False,
+    alpha: float = 0.05,
 ) -> dict[str, Any]:
-    """The benchmark's steps (inside a flow); returns every step's summary."""
+    """The benchmark's steps (inside a flow); returns every step's summary.
+
+    The run joins the series `spec.series` of its task set and model; the report compares
+    it with the series' previous run. With `fail_on_regression`, a significant drop
+    (Holm-adjusted p < `alpha`) fails the flow run with RegressionFound once the report
+    is written.
+    """
     prep, run, task_set = _run(spec, task_runner, dask_address)
     rid, warehouse = run["run_id"], run["warehouse"]
     out: dict[str, Any] = {"prepare": prep, "run": run}
@@ -59,8 +67,20 @@ def benchmark(
         out["rollouts"] = rollouts_flow(
             run_id=rid, warehouse=warehouse, task_set=task_set, max_seq_tokens=max_seq_tokens
         )
-    out["report"] = report_flow(run_id=rid, warehouse=warehouse)
+    out["report"] = report_flow(run_id=rid, warehouse=warehouse, alpha=alpha)
+    if fail_on_regression and out["report"].get("regression"):
+        from analysis.nightly_report import RegressionFound
+
+        raise RegressionFound(f"run {rid}: {out['report']['regression']}", out)
     return out
+
+
+def _deployment_name() -> str | None:
+    """The Prefect deployment running this flow (its name is the series), if any."""
+    from prefect.runtime import deployment
+
+    name = deployment.name
+    return str(name) if name else None
 
 
 @flow(name="sandflow-nightly", log_prints=False)
@@ -72,6 +92,8 @@ def benchmark_flow(
     judge: JudgeEndpoint | None = None,
     max_seq_tokens: int | None = None,
     rollouts: bool = True,
+    fail_on_regression: bool = False,
+    alpha: float = 0.05,
 ) -> dict[str, Any]:
     """Benchmark a model on a task source end to end (`sandflow bench`)."""
     return benchmark(
@@ -82,6 +104,8 @@ def benchmark_flow(
         judge=judge,
         max_seq_tokens=max_seq_tokens,
         rollouts=rollouts,
+        fail_on_regression=fail_on_regression,
+        alpha=alpha,
     )
 
 
@@ -108,8 +132,12 @@ def nightly_flow(
     max_seq_tokens: int | None = None,
     rollouts: bool = True,
     request_timeout_s: float | None = None,
+    series: str | None = None,
+    fail_on_regression: bool = False,
+    alpha: float = 0.05,
 ) -> dict[str, Any]:
-    """The nightly deployment: benchmark a model on a task source end to end."""
+    """The nightly deployment: benchmark a model on a task source end to end. The run joins
+    the series `series` (default: the deployment's name; ad hoc without one)."""
     spec = RunSpec(
         task_set=source,
         model=model,
@@ -127,6 +155,7 @@ def nightly_flow(
         run_id=run_id,
         network=network,
         request_timeout_s=request_timeout_s,
+        series=series or _deployment_name(),
     )
     return benchmark(
         spec,
@@ -135,6 +164,8 @@ def nightly_flow(
         verifier=verifier,
         max_seq_tokens=max_seq_tokens,
         rollouts=rollouts,
+        fail_on_regression=fail_on_regression,
+        alpha=alpha,
     )
 
 

@@ -18,7 +18,11 @@ def report_flow(
     warehouse: str = DEFAULT_ROOT,
     out_dir: str | None = None,
     verifier: str | None = None,
+    alpha: float = 0.05,
+    trend_runs: int = 14,
 ) -> dict[str, Any]:
+    """report.html + report.md; with "Changes since the previous run" of the run's series
+    (significant drops are returned as `regressions`) and trends over `trend_runs` runs."""
     wh = Warehouse(warehouse)
     data = wh.load_run(run_id, verifier=verifier)
     run = wh.run_info(run_id) or {}
@@ -29,10 +33,29 @@ def report_flow(
         "status": run.get("status"),
     }
     rd = ReportData.from_run(data, {k: v for k, v in meta.items() if v is not None})
+    rd.nightly = _nightly_section(warehouse, run_id, alpha, trend_runs)
     out = Path(out_dir or Path(warehouse) / "reports" / run_id).expanduser()
     html_path, md_path = write_report(rd, out)
     key = artifacts.artifact_key("report", run_id)
     artifacts.markdown(to_markdown(rd) + f"\n\nFull page: `{html_path.resolve()}`\n", key, f"sandflow report of {run_id}")
     for name, title, rows in rd.tables():
         artifacts.table(rows, artifacts.artifact_key(name, run_id), title)
-    return {"run_id": run_id, "html": str(html_path.resolve()), "markdown": str(md_path.resolve())}
+    artifacts.table(rd.nightly.table_rows(), artifacts.artifact_key("changes", run_id), "Changes since the previous run")
+    return {
+        "run_id": run_id,
+        "html": str(html_path.resolve()),
+        "markdown": str(md_path.resolve()),
+        "previous_run_id": rd.nightly.previous_run_id,
+        "changes": rd.nightly.table_rows(),
+        "regression": rd.nightly.regression_message(),
+    }
+
+
+def _nightly_section(warehouse: str, run_id: str, alpha: float, trend_runs: int) -> Any:
+    """The run's series read from the warehouse, compared and plotted (analysis/nightly_report)."""
+    from analysis.nightly_report import build_section
+    from warehouse.series import read_series, read_trajectories
+
+    section = build_section(read_series(warehouse, run_id, last=trend_runs), alpha=alpha)
+    section.trajectories = read_trajectories(warehouse, section.episodes_to_link())
+    return section

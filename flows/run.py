@@ -149,6 +149,18 @@ def _check_image(backend: str, image: str | None) -> str | None:
     return tag
 
 
+def _image_id(backend: str, tag: str | None) -> str | None:
+    """The engine's id of the sandbox image (lineage: a rebuilt image under one tag)."""
+    if backend != "docker" or not tag:
+        return None
+    try:
+        from sandbox.engine import docker_client
+
+        return str(docker_client().images.get(tag).id)
+    except Exception:  # lineage is informative: never fail a run for it
+        return None
+
+
 def _preflight_model(cfg: Any, model_given: bool) -> Any:
     """tasks.model.preflight, its errors as RunConfigError (one sentence, no traceback)."""
     from tasks.model import ModelError, preflight
@@ -223,6 +235,9 @@ def execute_run(spec: RunSpec) -> dict[str, Any]:
             },
             started_at=(previous or {}).get("started_at"),
             status="running",
+            series=spec.series or (previous or {}).get("series"),
+            image_id=(_image_id(spec.backend, image) if "sandbox" in MODES[spec.mode] else None)
+            or (previous or {}).get("image_id"),
         )
         episode_task = make_episode_task(retries=spec.retries)
         futures: dict[Any, EpisodeSpec] = {}

@@ -265,6 +265,11 @@ class Batch:
             result.record.config["attempts"] = retrying.statistics.get("attempt_number", 1)
         return result
 
+    def _run_event(self, task: Task, index: int) -> dict[str, Any]:
+        """A worker thread's job: the episode, then its event (the reward is computed here,
+        off the event loop: verifiers are CPU work)."""
+        return self.trajectory(task, index, self._run(task, index))
+
     def trajectory(self, task: Task, index: int, result: EpisodeResult | None) -> dict[str, Any]:
         """The `trajectory` event of one finished (or cancelled) episode."""
         ep_id = episode_key(self.run_id, task.id, "sandbox", index)
@@ -283,7 +288,6 @@ class Batch:
             or self.cancel_event.is_set()
             and result.record.termination == "interrupted"
         ):
-            self.counts["cancelled"] += 1
             return base | {"status": "cancelled", "termination": "interrupted", "reward": None}
         rec: EpisodeRecord = result.record
         tokens = assemble(result.turns)
@@ -315,14 +319,11 @@ class Batch:
             "wall_s": round(rec.wall_s, 4),
         }
         if rec.is_infra_failure:
-            self.counts["failed"] += 1
             return out | {"status": "failed"}
         try:
             r = reward_of(task, rec.answer)
         except RewardError as exc:
-            self.counts["failed"] += 1
             return out | {"status": "failed", "error": str(exc)}
-        self.counts["ok"] += 1
         return out | {"reward": r.score, "reward_reason": r.reason, "verifier": r.verifier}
 
     # -- the stream ---------------------------------------------------------------------
@@ -330,10 +331,10 @@ class Batch:
         """`start`, then a `trajectory` per episode as it ends (with `group` events once a
         task's samples are all in), then `done`. Cancelled when the consumer goes away."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[Task, int, EpisodeResult | None]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[Task, dict[str, Any]]] = asyncio.Queue()
 
         async def one(task: Task, index: int) -> None:
-            result: EpisodeResult | None = None
+            event: dict[str, Any] | None = None
             try:
                 async with self.slots, self.own_slots:
                     if self.cancel_event.is_set():
@@ -341,11 +342,13 @@ class Batch:
                     self.active += 1
                     self.peak_active = max(self.peak_active, self.active)
                     try:
-                        result = await loop.run_in_executor(self.executor, self._run, task, index)
+                        event = await loop.run_in_executor(
+                            self.executor, self._run_event, task, index
+                        )
                     finally:
                         self.active -= 1
             finally:
-                queue.put_nowait((task, index, result))
+                queue.put_nowait((task, event or self.trajectory(task, index, None)))
 
         groups = {
             t.id: Group(t.id, sum(1 for s in self._samples if s[0].id == t.id)) for t in self.tasks
@@ -361,8 +364,8 @@ class Batch:
         scores: list[dict[str, Any]] = []
         try:
             for _ in range(self.total):
-                task, index, result = await queue.get()
-                event = self.trajectory(task, index, result)
+                task, event = await queue.get()
+                self.counts[event["status"]] += 1
                 if event["status"] == "ok" and event.get("reward") is not None:
                     scores.append(_score_row(event, task))
                 yield event

@@ -72,6 +72,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
                 state["recorder"].close()
 
     app = FastAPI(title="sandflow rollout server", lifespan=lifespan)
+    app.state.rollout_batches = state["batches"]  # serve() cancels them on Ctrl+C / SIGTERM
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
@@ -109,7 +110,13 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
                 {"error": f"run {batch.run_id!r} is already being rolled out: give another run_id"},
                 status_code=409,
             )
-        _write_run(state["warehouse"], batch)
+        try:
+            _write_run(state["warehouse"], batch)
+        except Exception as exc:  # nothing has started: the trainer can retry
+            return JSONResponse(
+                {"error": f"recording run {batch.run_id!r} in the warehouse failed: {exc}"},
+                status_code=503,
+            )
         state["batches"].add(batch)
         return StreamingResponse(_ndjson(batch, state, cfg), media_type="application/x-ndjson")
 
@@ -121,7 +128,7 @@ async def _ndjson(batch: Batch, state: dict[str, Any], cfg: ServerConfig) -> Asy
     try:
         async for event in batch.events():
             yield (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-        finished = True
+        finished = not batch.cancel_event.is_set()
     finally:
         state["batches"].discard(batch)
         if not finished:
@@ -187,4 +194,18 @@ def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8765) -> No
     """Run the server in the foreground (Ctrl+C stops it and removes its sandboxes)."""
     import uvicorn
 
-    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
+    app = create_app(config)
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Cancel the open batches first: their streams then end by themselves (every
+            # episode reported as cancelled, then `done`) and their sandboxes are removed.
+            for batch in list(app.state.rollout_batches):
+                batch.cancel()
+            super().handle_exit(sig, frame)
+
+    # timeout_graceful_shutdown: a stream still open after that is cut.
+    cfg = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10
+    )
+    _Server(cfg).run()

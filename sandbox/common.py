@@ -18,6 +18,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from pydantic import ValidationError
 
@@ -305,39 +306,51 @@ class HelperSandbox(ABC):
 
     @contextlib.contextmanager
     def _consuming(self, reply: StreamReply, path: str) -> Iterator[None]:
-        """Read `reply` to its end after the body; a broken channel removes the sandbox.
+        """Around the code reading `reply`: the channel is left in step, or the sandbox goes.
 
         The final header decides: an error from the helper becomes the matching OSError.
-        An error of the host's own (disk full while writing) still reads the stream to its
-        end, so the sandbox stays usable.
+        A malformed archive or a broken channel removes the sandbox at once (nothing more is
+        read from it). An error of the host's own (disk full while writing) reads the rest
+        of the stream first, so the sandbox stays usable.
         """
         try:
-            try:
-                yield
-            finally:
-                reply.finish()
-        except SandboxExpiredSignal:
-            reply.abandon()
-            self._expire()
-        except TimeoutError:
-            reply.abandon()
-            self.kill()
-            raise SandboxError(f"sandbox {self.name}: file transfer stalled; removed") from None
-        except SandboxError:
-            reply.abandon()
-            self.kill()
-            raise
+            yield
         except (tarfile.TarError, EOFError) as e:
-            if reply.final is None or reply.final.get("ok"):
-                reply.abandon()
-                self.kill()
-                raise ProtocolError(
-                    f"sandbox {self.name}: a malformed archive of {path} ({e}); "
-                    "the sandbox was removed"
-                ) from None
+            final = reply.final
+            if final is not None and not final.get("ok"):
+                raise file_error(str(final.get("error")), path) from None
+            reply.abandon()
+            self.kill()
+            raise ProtocolError(
+                f"sandbox {self.name}: protocol violation: a malformed archive of {path} ({e}); "
+                "nothing more was read and the sandbox was removed"
+            ) from None
+        except (SandboxError, TimeoutError, SandboxExpiredSignal) as e:
+            self._broken(reply, e)
+        except BaseException:
+            self._finish(reply)
+            raise
+        self._finish(reply)
         final = reply.final or {}
         if not final.get("ok"):
             raise file_error(str(final.get("error")), path)
+
+    def _finish(self, reply: StreamReply) -> None:
+        """Read `reply` to its final header; a broken channel removes the sandbox."""
+        try:
+            reply.finish()
+        except (SandboxError, TimeoutError, SandboxExpiredSignal) as e:
+            self._broken(reply, e)
+
+    def _broken(self, reply: StreamReply, why: BaseException) -> NoReturn:
+        """The channel failed mid-answer: release it, remove the sandbox, raise why."""
+        reply.abandon()
+        if isinstance(why, SandboxExpiredSignal):
+            self._expire()
+        self.kill()
+        if isinstance(why, TimeoutError):
+            raise SandboxError(f"sandbox {self.name}: file transfer stalled; removed") from None
+        raise why
 
     def _helper_put(self, dest_dir: str, data: bytes) -> None:
         """Extract through the helper (it writes as the sandbox user, sees every mount)."""

@@ -18,6 +18,7 @@ instead of getting a fresh one (sandbox/netns.py says why and how isolation hold
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Any
 
@@ -32,6 +33,7 @@ from sandbox.protocol import BOOT_ARGV, TransportClosed
 STREAM_STDOUT = 1
 STREAM_STDERR = 2
 LIFETIME_SLACK_S = 5.0
+DRAIN_S = 30.0  # the longest a removal may need the container's last output drained
 MAX_FRAME = 1 << 24  # docker's attach frames carry what one read of the container's pipe got
 
 
@@ -80,6 +82,23 @@ class AttachTransport:
 
     def diagnostics(self) -> str:
         return self.err.decode("utf-8", "replace")
+
+    def drain_in_background(self) -> None:
+        """Read and drop what the container still writes, until its stream ends.
+
+        The engine cannot finish removing a container while its copy of the container's
+        stdout into our socket is blocked, and it is when PID 1 keeps writing and nobody
+        reads (a broken or subverted helper; seen: a 60 s stalled removal). The thread ends
+        with the stream (the container died) or when close() shuts the socket.
+        """
+
+        def drain() -> None:
+            with contextlib.suppress(Exception):
+                self.raw.settimeout(DRAIN_S)
+                while self.raw.recv(1 << 20):
+                    pass
+
+        threading.Thread(target=drain, name="sandflow-attach-drain", daemon=True).start()
 
     def close(self) -> None:
         for s in (self.raw, self._holder):
@@ -262,6 +281,9 @@ class DockerSandbox(HelperSandbox):
         import docker.errors
 
         removed = False
+        transport = getattr(self, "transport", None)
+        if transport is not None:
+            transport.drain_in_background()
         try:
             if self.container_id:
                 try:
@@ -273,7 +295,6 @@ class DockerSandbox(HelperSandbox):
         finally:
             # any doubt that the container (and its sockets) is gone: never reuse the holder
             self._drop_holder(removed=removed)
-            transport = getattr(self, "transport", None)
             if transport is not None:
                 transport.close()
 

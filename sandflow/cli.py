@@ -7,6 +7,7 @@ group (the libraries below have no CLI of their own):
     commands/sql.py        sql, warehouse ...          (warehouse/)
     commands/pipeline.py   bench, flows ...            (flows/, analysis/)
     commands/rl.py         rl ...                      (rl/)
+    viewer/cli.py          view                        (the web viewer, sandflow/viewer/)
 
 Command modules import their heavy dependencies (docker, prefect, duckdb) inside the
 command bodies, so `sandflow --help` stays fast. Errors: sandflow/errors.py.
@@ -35,6 +36,11 @@ def _register() -> None:
 
     for module in (sandbox, episode, sql, tasksets, pipeline, rl):
         module.register(app)
+
+
+    from sandflow.viewer import cli as viewer_cli
+
+    viewer_cli.register(app)  # `sandflow view` (the web viewer is its own package)
 
 
 def _version(value: bool) -> None:

@@ -9,7 +9,8 @@ red on stderr (never a traceback as the only clue), and exits with one of these 
                            flow found it while running)
     2    EXIT_USAGE        bad input caught before any work: a flag, a file, a source, a
                            setting; nothing was changed
-    3    EXIT_INFRA        the model endpoint or the sandbox failed mid-episode (`sandflow run`)
+    3    EXIT_INFRA        the model endpoint or the sandbox failed mid-episode (`sandflow run`);
+         EXIT_REGRESSION   `bench --fail-on-regression`: accuracy dropped significantly
     130  EXIT_INTERRUPTED  Ctrl+C / SIGTERM; resume with the same --run-id
 
 Results go to stdout through `console()`, so `sandflow sql ... --format csv > f` stays clean.
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INFRA = 3
+EXIT_REGRESSION = 3
 EXIT_INTERRUPTED = 130
 
 

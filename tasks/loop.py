@@ -68,7 +68,9 @@ class Limits(BaseModel):
         None, ge=256, description="budget for one request's prompt + completion tokens"
     )
     max_tokens_per_call: int | None = Field(None, ge=1, description="overrides the model's max_tokens")
-    wall_clock_s: float | None = Field(1800.0, gt=0, description="the whole episode, model + tools")
+    wall_clock_s: float | None = Field(
+        1800.0, gt=0, description="the model's calls and commands (a hung endpoint: model_error)"
+    )
     exec_timeout_s: float | None = Field(None, gt=0, description="per command; default: the sandbox's")
     max_observation_chars: int = Field(16_000, ge=200)
 
@@ -445,18 +447,38 @@ class _Episode:
             if left is not None and left <= 0:
                 raise _End("wall_clock", f"episode wall clock of {self.limits.wall_clock_s:g}s reached")
             max_tokens = self.next_max_tokens()
+            t_call = time.monotonic()
             try:
                 reply = self.client.complete(self.messages, tools, max_tokens, timeout_s=left)
                 reply.max_tokens_used = max_tokens
-                return reply
             except ContextLengthError as exc:
                 self.max_tokens = self._shrunk(max_tokens, exc)
+                continue
             except ModelError as exc:
-                left = self.remaining()
-                if left is not None and left <= 0:
-                    raise _End("wall_clock", f"wall clock reached during a model call: {exc}") from None
-                raise _End("model_error", str(exc)) from None
+                raise _End("model_error", self._waited(t_call, str(exc))) from None
+            if (left := self.remaining()) is not None and left <= 0:
+                raise _End("model_error", self._waited(t_call, "the reply came only then")) from None
+            return reply
         raise _End("context_exhausted", "the request still does not fit after shrinking max_tokens")
+
+    def _waited(self, t_call: float, detail: str) -> str:
+        """The error of a model call; names the wall clock when it ran out during the call.
+
+        The wall clock is charged to whoever holds the episode when it runs out. While
+        the loop waits for the endpoint (a request in flight, a retry's backoff, a reply
+        that comes late), that is the endpoint, not the model's work in the sandbox: an
+        endpoint that hangs until the deadline is an infrastructure failure (model_error:
+        retried, re-run on resume), never a graded `wall_clock`.
+        """
+        left = self.remaining()
+        if left is None or left > 0:
+            return detail
+        return (
+            f"the model endpoint did not answer before the episode's wall clock "
+            f"({self.limits.wall_clock_s:g}s) ran out; waited {time.monotonic() - t_call:.1f}s for "
+            f"this call: {detail}. Not graded; if the model is slow rather than stuck, raise "
+            "--wall-clock"
+        )
 
     def next_max_tokens(self) -> int:
         """max_tokens for the next call within the context budget; _End when it is used up."""
@@ -513,6 +535,10 @@ class _Episode:
         try:
             self._place_inputs(sandbox)
             toolbox = ToolBox(sandbox, self.limits.max_observation_chars)
+            # The wall clock is the model's time (its calls and its commands): opening the
+            # sandbox and placing the inputs (a busy engine) must not use it up.
+            if self.limits.wall_clock_s:
+                self.deadline = time.monotonic() + self.limits.wall_clock_s
             self._loop(toolbox)
         finally:
             self._collect(sandbox, output_dir)

@@ -68,6 +68,9 @@ class RunSpec(BaseModel):
     retries: int = Field(2, description="retries of an episode after an infrastructure failure")
     durability: str = "turn"
     compact: bool = Field(True, description="merge the run's files at its end")
+    series: str | None = Field(
+        None, description="the series this run continues (its report compares with the previous run)"
+    )
 
     def to_model_config(self, *, with_key: bool = True) -> ModelConfig:
         """The agent loop's ModelConfig; the API key from this process's environment."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from datasets_prep.secrets import scrub
 from tasks.records import (
     INFRA_TERMINATIONS,
     EpisodeRecord,
@@ -24,7 +25,6 @@ from tasks.records import (
     Usage,
 )
 from warehouse.schema import META_PROMPT_DELTAS, OBSERVATION, TOOL_CALL, schema_for
-from datasets_prep.secrets import scrub
 
 
 def utc(ts: datetime | None) -> datetime | None:

@@ -19,9 +19,9 @@ import threading
 from pathlib import Path
 from typing import Literal
 
+from datasets_prep.secrets import scrub
 from tasks.journal import JournalContents, journal_line, read_journal
 from tasks.records import EpisodeRecord, TurnRecord
-from datasets_prep.secrets import scrub
 
 __all__ = [
     "DURABILITIES",

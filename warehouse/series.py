@@ -79,7 +79,7 @@ SERIES_VIEWS: dict[str, str] = {
             SELECT run_id, mode, task_id, sum(score) AS s, count(score) AS n
             FROM o WHERE score IS NOT NULL GROUP BY ALL
         ), acc0 AS (
-            SELECT run_id, mode, sum(s) / sum(n) AS p, sum(n) AS scored, count(*) AS tasks
+            SELECT run_id, mode, sum(s) / sum(n) AS p, CAST(sum(n) AS BIGINT) AS scored, count(*) AS tasks
             FROM per_task GROUP BY ALL
         ), acc AS (
             -- cluster-robust SE of the pooled mean (tasks are the clusters)
@@ -140,7 +140,8 @@ SERIES_VIEWS: dict[str, str] = {
                    CASE WHEN grouping(domain) = 1 THEN '(all)' ELSE domain END AS domain,
                    count(*) FILTER (WHERE matched) AS tasks,
                    count(*) FILTER (WHERE NOT matched) AS unmatched_tasks,
-                   sum(prev_infra) AS prev_infra_failures, sum(infra) AS infra_failures,
+                   CAST(sum(prev_infra) AS BIGINT) AS prev_infra_failures,
+                   CAST(sum(infra) AS BIGINT) AS infra_failures,
                    avg(prev_m) FILTER (WHERE matched) AS prev_accuracy,
                    avg(m) FILTER (WHERE matched) AS accuracy,
                    avg(m - prev_m) FILTER (WHERE matched) AS diff,
@@ -329,7 +330,7 @@ def read_series(root: Path | str, run_id: str, *, last: int = 14) -> SeriesData:
         out.usage = q.arrow(
             f"""
             WITH tot AS (
-                SELECT run_id, sum(num_turns) AS turns FROM episodes
+                SELECT run_id, CAST(sum(num_turns) AS BIGINT) AS turns FROM episodes
                 WHERE mode = 'sandbox' AND run_id IN {sel} GROUP BY run_id
             ), u AS (
                 SELECT DISTINCT u.run_id, u.episode_id, u.turn_index, u.capability

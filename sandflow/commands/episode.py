@@ -190,7 +190,9 @@ def register(app: typer.Typer) -> None:
         query: str = typer.Option(..., "--query", "-q", help="The task, in plain words."),
         input_dir: Path | None = typer.Option(
             None, "--input-dir", "-i", exists=True, file_okay=False, dir_okay=True, readable=True,
-            help="Files to give the model; placed in the sandbox's input dir (/testbed/documents).",
+            help="Files to give the model; placed in the sandbox's input dir (/testbed/documents). "
+            "Nothing from outside the folder is read: a symlink leaving it stops the run (a symlink "
+            "to a file inside is copied as that file).",
         ),
         output_dir: Path = typer.Option(
             Path("sandflow_runs"), "--output-dir", "-o",

@@ -20,7 +20,7 @@ from typing import Any
 
 import typer
 
-from sandflow.errors import EXIT_FAILED, EXIT_INTERRUPTED, console, fail
+from sandflow.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REGRESSION, console, fail
 
 flows_app = typer.Typer(
     help=(
@@ -125,6 +125,7 @@ def _cell(v: Any) -> str:
 
 
 _USER_ERRORS: tuple[type[BaseException], ...] = ()
+REGRESSION_EXIT = EXIT_REGRESSION  # `bench --fail-on-regression` found a significant drop (1: an error)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -270,6 +271,17 @@ def bench(
     dask_address: str = typer.Option(None, "--dask-address", help="tcp://host:8786 of a Dask scheduler."),
     verifier: str = typer.Option(None, "--verifier", help="Score with this verifier instead of each task's own."),
     rollouts: bool = typer.Option(True, "--rollouts/--no-rollouts", help="Also export RL data."),
+    series: str = typer.Option(
+        None, "--series",
+        help="Name of the series this run continues (default: the Prefect deployment's name; ad hoc). "
+        "The report compares the run with the previous run of its series (same task set and model).",
+    ),
+    fail_on_regression: bool = typer.Option(
+        False, "--fail-on-regression",
+        help=f"Exit with code {REGRESSION_EXIT} (and fail the Prefect flow run) when accuracy dropped "
+        "significantly since the previous run of the series (Holm-adjusted exact test, --alpha).",
+    ),
+    alpha: float = typer.Option(0.05, "--alpha", min=0.0001, max=0.5, help="Significance level of the nightly comparison."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs."),
 ) -> None:
     """The nightly benchmark, now: prepare -> run (both modes) -> score -> usage -> tokens
@@ -283,6 +295,7 @@ def bench(
       sandflow bench --base-url http://gpu:8000/v1 --model Qwen3-Coder --samples 3 -c 8
       sandflow bench --run-id smoke-20260101-020000-ab12     # resume
       sandflow bench --task-runner dask --dask-address tcp://10.0.0.5:8786
+      sandflow bench --series nightly-qwen --fail-on-regression   # alert on a real drop
     """
     _isolate_from_terminal_signals()
     _quiet_prefect(verbose)
@@ -308,6 +321,7 @@ def bench(
         f"concurrency={concurrency} max_steps={max_steps} model=[cyan]{s.model or '(embedded)'}[/] "
         f"endpoint={s.base_url or '(embedded, started now)'} warehouse={s.warehouse}"
     )
+    from analysis.nightly_report import RegressionFound
     from flows.nightly import benchmark_flow
     from tasks.spec import RunSpec
 
@@ -327,18 +341,41 @@ def bench(
         warehouse=str(s.warehouse),
         run_id=run_id,
         network=s.network,
+        series=series,
     )
+    regression: RegressionFound | None = None
     with RichEpisodeProgress("episodes", console=console):
-        result = _guard(
-            _with_prefect_api(task_runner, dask_address, benchmark_flow),
-            spec=spec,
-            task_runner=task_runner,
-            dask_address=dask_address,
-            verifier=verifier,
-            judge=s.judge_endpoint() if verifier == "judge" else None,
-            rollouts=rollouts,
-        )
+        try:
+            result = _guard(
+                _with_prefect_api(task_runner, dask_address, benchmark_flow),
+                spec=spec,
+                task_runner=task_runner,
+                dask_address=dask_address,
+                verifier=verifier,
+                judge=s.judge_endpoint() if verifier == "judge" else None,
+                rollouts=rollouts,
+                fail_on_regression=fail_on_regression,
+                alpha=alpha,
+            )
+        except RegressionFound as exc:  # the report is written; say so, then exit non-zero
+            regression, result = exc, exc.summary
     _print_bench(result, str(s.warehouse))
+    if regression is not None:
+        console.print(f"[bold red]regression:[/] {regression}", highlight=False)
+        raise typer.Exit(REGRESSION_EXIT)
+
+
+def _print_changes(console: Any, report: dict[str, Any]) -> None:
+    """The report's "Changes since the previous run", as a table (significant rows only)."""
+    prev = report.get("previous_run_id")
+    if not prev:
+        console.print("[dim]first run of its series: no previous run to compare with[/]")
+        return
+    sig = [r for r in report.get("changes", []) if r["significant"]]
+    if not sig:
+        console.print(f"changes since [cyan]{prev}[/]: none significant (every difference within noise)")
+        return
+    console.print(_table(sig, f"Significant changes since {prev} (points; Holm-adjusted)"))
 
 
 def _print_bench(result: dict[str, Any], warehouse: str) -> None:
@@ -368,6 +405,7 @@ def _print_bench(result: dict[str, Any], warehouse: str) -> None:
     if "rollouts" in result:
         r = result["rollouts"]
         console.print(f"RL data: [cyan]{r['out_dir']}[/] ({r['exported']} trajectories, {r['token_rows']} token rows)")
+    _print_changes(console, result["report"])
     console.print(f"\n[bold]Report:[/] [cyan]{result['report']['html']}[/]  (Markdown: {result['report']['markdown']})")
     console.print("[bold]Try:[/]")
     for q in _sql_hints(rid, warehouse):

@@ -151,9 +151,11 @@ def test_export_of_many_small_files_is_bounded(backend: str, test_run_id: str, t
         assert isinstance(sb, HelperSandbox)  # both backends; the export limits live there
         sb.copy_limits = CopyLimits(max_bytes=1 << 20, max_files=2000)
         files = sb.copy_out("/testbed/output", tmp_path / "export")
-    assert len(files) == 2000
-    assert sum(1 for _ in (tmp_path / "export").rglob("f*")) == 2000
+    # Every entry counts against the cap, folders too: the folder `many` and 1,999 files.
+    assert len(files) == 1999 and files.summary.dirs == 1
+    assert sum(1 for _ in (tmp_path / "export").rglob("f*")) == 1999
     assert any("file-count limit" in why for _, why in files.skipped)
+    assert files.summary.skipped == {"over_count": 20001 - 2000}
 
 
 def test_crafted_tar_with_dotdot_and_absolute_names_stays_in_the_export(tmp_path: Path) -> None:

@@ -247,3 +247,13 @@ def test_input_folder_in_folder_swap_after_the_scan(folder: Path, monkeypatch: p
     with pytest.raises(InputFolderError, match="'a.txt'") as e:
         read_input_folder(folder)
     assert "root:" not in str(e.value)
+
+
+def test_the_root_of_the_file_system_is_not_a_folder_of_its_own() -> None:
+    """A table at /qa.csv would make 'etc/passwd' and 'proc/self/environ' "inside"."""
+    with pytest.raises(UnsafePathError, match="root of the file system"):
+        read_inside("/", "etc/passwd")
+    with pytest.raises(UnsafePathError, match="root of the file system"):
+        read_inside("/proc/..", "proc/self/environ")
+    with pytest.raises(InputFolderError, match="root of the file system"):
+        read_input_folder("/")

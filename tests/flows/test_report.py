@@ -84,6 +84,21 @@ def test_markdown_has_every_table() -> None:
     assert "| chem | sandbox |" in md and "sandbox_error" in md
 
 
+def test_every_accuracy_has_its_interval_and_modes_are_paired_by_task() -> None:
+    rd = ReportData.from_run(_run())
+    acc = {(r["domain"], r["mode"]): r for r in rd.accuracy}
+    m = acc[("math", "sandbox")]  # m1 right, m2 wrong: 50% over 2 tasks
+    assert m["tasks"] == 2 and m["se"] == 50.0 and m["ci_low"] <= 50.0 <= m["ci_high"]
+    assert acc[("chem", "sandbox")]["ci_low"] is not None  # 1/1: a Wilson interval, not certainty
+    modes = {r["domain"]: r for r in rd.modes}
+    # math: m1 0 -> 1 and m2 1 -> 0 in sandbox vs llm; chem c1 0 -> 1
+    assert (modes["math"]["up"], modes["math"]["down"], modes["math"]["diff"]) == (1, 1, 0.0)
+    assert modes["chem"]["diff"] == 100.0 and modes["(all)"]["tasks"] == 3
+    assert modes["math"]["test"] == "mcnemar-exact" and modes["math"]["p"] == 1.0
+    assert rd.pass_at_k == []  # one sample per task: no pass@k table
+    assert "## Sandbox vs LLM mode, paired by task" in to_markdown(rd)
+
+
 @pytest.mark.slow
 def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -102,7 +117,7 @@ def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
     imgs = re.findall(r'<img [^>]*data-plot="([^"]+)"[^>]*src="data:image/png;base64,', dom)
     assert set(imgs) == {"Accuracy", "Tokens", "Capability usage", "Turns", "Terminations"}
     tables = re.findall(r'<table data-table="(\w+)">', dom)
-    assert tables == ["accuracy", "tokens", "usage", "turns", "terminations"]
+    assert tables == ["accuracy", "modes", "tokens", "usage", "turns", "terminations"]
     assert dom.count("<tr>") > 15
     shot = tmp_path / "shot.png"
     subprocess.run(

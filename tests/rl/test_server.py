@@ -285,3 +285,32 @@ def test_bad_requests_are_clear_errors(server: str) -> None:
                     }
                 )
             )
+
+
+def test_the_endpoint_key_is_used_and_never_recorded(server: str, tmp_path: Path) -> None:
+    import json
+
+    key = "sk-test-SECRET-4242"
+    run_id = new_run_id("srv-key")
+    with (
+        ScriptedModel(default=answering(itertools.repeat("42"))) as model,
+        RolloutClient(server) as client,
+    ):
+        body = request(model, run_id, n=1)
+        body["endpoint"]["api_key"] = key
+        result = client.rollouts(body)
+        assert {h.get("authorization") for h in model.headers} == {f"Bearer {key}"}
+    assert result.summary["ok"] == 1
+    assert key not in json.dumps(result.trajectories)
+    from warehouse.store import Warehouse
+
+    with Warehouse(tmp_path / "wh").query(run_id=run_id) as q:
+        dumped = json.dumps(
+            [
+                q.rows("SELECT * FROM runs"),
+                q.rows("SELECT * FROM episodes"),
+                q.rows("SELECT * FROM turns"),
+            ],
+            default=str,
+        )
+    assert key not in dumped and run_id in dumped
