@@ -98,12 +98,12 @@ _writers_lock = threading.Lock()
 
 def _writer(root: str, durability: str) -> Any:
     """One EpisodeWriter per warehouse root and process (it is thread-safe)."""
-    from warehouse.writer import EpisodeWriter
+    from warehouse import Warehouse
 
     with _writers_lock:
         key = (str(Path(root).resolve()), durability)
         if key not in _writers:
-            _writers[key] = EpisodeWriter(root, durability=durability)  # type: ignore[arg-type]
+            _writers[key] = Warehouse(root).writer(durability=durability)  # type: ignore[arg-type]
         return _writers[key]
 
 

@@ -54,8 +54,8 @@ def report_flow(
 def _nightly_section(warehouse: str, run_id: str, alpha: float, trend_runs: int) -> Any:
     """The run's series read from the warehouse, compared and plotted (analysis/nightly_report)."""
     from analysis.nightly_report import build_section
-    from warehouse.series import read_series, read_trajectories
 
-    section = build_section(read_series(warehouse, run_id, last=trend_runs), alpha=alpha)
-    section.trajectories = read_trajectories(warehouse, section.episodes_to_link())
+    wh = Warehouse(warehouse)
+    section = build_section(wh.series(run_id, last=trend_runs), alpha=alpha)
+    section.trajectories = wh.trajectories(section.episodes_to_link())
     return section

@@ -27,6 +27,7 @@ from warehouse.recovery import Orphan, find_orphans, recover_orphans
 from warehouse.rundata import RunData, latest_scores
 from warehouse.runs import finish_run, read_run, write_run
 from warehouse.schema import check_run_id
+from warehouse.series import MAX_TURNS, SeriesData, read_series, read_trajectories
 from warehouse.writer import EpisodeWriter
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,16 @@ class Warehouse:
                 "; ".join(data.skipped_files[:5]),
             )
         return data
+
+    def series(self, run_id: str, *, last: int = 14) -> SeriesData:
+        """The run's nightly series up to the run itself (warehouse.series.read_series)."""
+        return read_series(self.root, run_id, last=last)
+
+    def trajectories(
+        self, wanted: dict[str, list[str]], *, max_turns: int = MAX_TURNS
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        """(run_id, episode_id) -> episode row with its first turns (warehouse.series)."""
+        return read_trajectories(self.root, wanted, max_turns=max_turns)
 
     def _session(self, run_id: str, tables: tuple[str, ...]) -> WarehouseQuery:
         """A query session on one run's files; an invalid run id becomes a WarehouseError."""
