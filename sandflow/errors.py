@@ -14,6 +14,8 @@ red on stderr (never a traceback as the only clue), and exits with one of these 
     130  EXIT_INTERRUPTED  Ctrl+C / SIGTERM; resume with the same --run-id
 
 Results go to stdout through `console()`, so `sandflow sql ... --format csv > f` stays clean.
+One exception kept as it always was: the `sandflow tasks ...` commands print their error
+line on stdout, beside their tables (`fail(..., stdout=True)`; scripts read it there).
 """
 
 from __future__ import annotations
@@ -46,11 +48,13 @@ def err_console() -> Console:
     return Console(stderr=True, highlight=False)
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
-    """Print ``Error: message`` on stderr and return the Exit to raise: ``raise fail(...)``."""
+def fail(message: str, code: int = EXIT_USAGE, *, stdout: bool = False) -> typer.Exit:
+    """Print ``Error: message`` on stderr (stdout: the `tasks` commands) and return the
+    Exit to raise: ``raise fail(...)``."""
     from rich.markup import escape
 
-    err_console().print(f"[bold red]Error:[/] {escape(message)}", soft_wrap=True)
+    out = console() if stdout else err_console()
+    out.print(f"[bold red]Error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 

@@ -36,7 +36,7 @@ def _console() -> Any:
 
 
 def _fail(msg: str) -> None:
-    raise fail(msg, EXIT_USAGE)
+    raise fail(msg, EXIT_USAGE, stdout=True)
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
