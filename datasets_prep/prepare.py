@@ -22,25 +22,23 @@ TASK_COLUMNS = ("id", "domain", "problem_statement")
 TASKSET_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
-def _is_taskset_file(path: Path) -> bool:
-    """A file of task rows (sandflow's set with its header, or the peer's rows)?"""
+def _is_sandflow_set(path: Path) -> bool:
+    """A task-set file sandflow wrote (its header keeps the set's name, seed and hash)?"""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         try:
             schema = pq.read_schema(path)
-        except Exception:  # not Parquet at all: read_taskset names the problem
-            return True
-        return bool(schema.metadata and b"sandflow.taskset" in schema.metadata) or all(
-            c in schema.names for c in TASK_COLUMNS
-        )
+        except Exception:  # not Parquet at all: the rows loader names the problem
+            return False
+        return bool(schema.metadata and b"sandflow.taskset" in schema.metadata)
     from datasets_prep.io import iter_jsonl
 
     try:
         first = next(iter(iter_jsonl(path)), None)
-    except Exception:  # unreadable: read_taskset names the problem
-        return True
-    return first is not None and ("__taskset__" in first[1] or all(c in first[1] for c in TASK_COLUMNS))
+    except Exception:  # unreadable: the rows loader names the problem
+        return False
+    return first is not None and "__taskset__" in first[1]
 
 
 def looks_like_tasks(rows: list[dict[str, Any]]) -> bool:
@@ -78,7 +76,7 @@ def load_taskset(
             f"{source!r} is neither a built-in suite ({', '.join(SUITES)}) nor a hub dataset "
             "(written hf:NAME[:CONFIG][@SPLIT]), and there is no such file"
         )
-    elif is_file and mapping is None and _is_taskset_file(path):
+    elif is_file and mapping is None and _is_sandflow_set(path):
         ts = read_taskset(path)
         if size is not None and size < len(ts):
             ts = TaskSet.build(ts.tasks[:size], name=ts.name, source=ts.source, seed=ts.seed)
