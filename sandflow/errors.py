@@ -1,6 +1,6 @@
 """One error convention for every command: one sentence on stderr, a documented exit code.
 
-Every command reports a problem the user can fix through `fail`: ``Error: <sentence>`` in
+Every command reports a problem the user can fix through `fail`: ``error: <sentence>`` in
 red on stderr (never a traceback as the only clue), and exits with one of these codes:
 
     0    done
@@ -14,8 +14,10 @@ red on stderr (never a traceback as the only clue), and exits with one of these 
     130  EXIT_INTERRUPTED  Ctrl+C / SIGTERM; resume with the same --run-id
 
 Results go to stdout through `console()`, so `sandflow sql ... --format csv > f` stays clean.
-One exception kept as it always was: the `sandflow tasks ...` commands print their error
-line on stdout, beside their tables (`fail(..., stdout=True)`; scripts read it there).
+Two wrinkles are kept as they always were, because scripts (and tests) read them: the
+`sandflow tasks ...` commands print their error line on stdout beside their tables
+(`stdout=True`), and `sandflow run` / `serve` spell it ``Error:`` as click does
+(`label="Error"`).
 """
 
 from __future__ import annotations
@@ -48,13 +50,14 @@ def err_console() -> Console:
     return Console(stderr=True, highlight=False)
 
 
-def fail(message: str, code: int = EXIT_USAGE, *, stdout: bool = False) -> typer.Exit:
-    """Print ``Error: message`` on stderr (stdout: the `tasks` commands) and return the
-    Exit to raise: ``raise fail(...)``."""
+def fail(
+    message: str, code: int = EXIT_USAGE, *, stdout: bool = False, label: str = "error"
+) -> typer.Exit:
+    """Print ``error: message`` on stderr and return the Exit to raise: ``raise fail(...)``."""
     from rich.markup import escape
 
     out = console() if stdout else err_console()
-    out.print(f"[bold red]Error:[/] {escape(message)}", soft_wrap=True)
+    out.print(f"[bold red]{label}:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 

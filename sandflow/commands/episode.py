@@ -37,7 +37,7 @@ class NetworkChoice(StrEnum):
 
 def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
     """One clear sentence on stderr, no traceback (sandflow/errors.py)."""
-    return fail(message, code)
+    return fail(message, code, label="Error")
 
 
 def _read_inputs(input_dir: Path | None) -> dict[str, str | bytes]:

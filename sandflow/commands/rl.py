@@ -71,7 +71,7 @@ def serve(
 
     settings = load_settings(warehouse=warehouse, backend=backend)
     if settings.backend not in ("docker", "bwrap"):
-        raise fail(f"--backend {settings.backend!r}: use docker or bwrap", EXIT_USAGE)
+        raise fail(f"--backend {settings.backend!r}: use docker or bwrap", EXIT_USAGE, label="Error")
     # The episodes' sandbox and limits, built the one way every command builds them.
     spec = RunSpec(
         backend=settings.backend,
