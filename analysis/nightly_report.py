@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from analysis.comparisons import (
     ALL,
@@ -44,6 +45,8 @@ from analysis.statistics import Interval, mean_interval, pass_at_k_curve
 
 MAX_LINKED_TASKS = 25  # flipped tasks whose trajectories are embedded
 MAX_SAMPLES_LINKED = 2  # episodes per task and side
+MAX_EMBEDDED_CHARS = 3_000_000  # trajectories beyond this page budget show their summary only
+MAX_LISTED = 30  # flips listed per significant change, and flips within the noise
 CAPABILITIES = ("computation", "file_management", "external_resource")
 
 
@@ -120,6 +123,24 @@ class NightlySection:
     runs: list[dict[str, Any]] = field(default_factory=list)  # run_series rows of the window
     # (run_id, episode_id) -> episode with its turns (warehouse.series.read_trajectories)
     trajectories: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    viewer_url: str | None = None  # `sandflow view`: flips link to its side-by-side page
+
+    def side_by_side(self, f: Any) -> str | None:
+        """The viewer's side-by-side page of a flipped task's two episodes, if a viewer is set."""
+        if (
+            not self.viewer_url
+            or not self.previous_run_id
+            or not f.episodes_before
+            or not f.episodes_after
+        ):
+            return None
+        query = urlencode(
+            {
+                "a": f"{self.previous_run_id}/{f.episodes_before[0]}",
+                "b": f"{self.run_id}/{f.episodes_after[0]}",
+            }
+        )
+        return f"{self.viewer_url.rstrip('/')}/compare?{query}"
 
     @property
     def previous(self) -> dict[str, Any]:
@@ -144,6 +165,12 @@ class NightlySection:
             f"significant drop since run {self.previous_run_id} (Holm-adjusted p < {self.alpha}): "
             + "; ".join(describe_change(r) for r in drops)
         )
+
+    def noise_flips(self) -> list[Any]:
+        """Flips of the comparisons that are not significant (domain rows only)."""
+        return [
+            f for r in self.comparison if r.domain != ALL and not r.significant for f in r.flips
+        ]
 
     def table_rows(self) -> list[dict[str, Any]]:
         return [r.row() for r in self.comparison]
@@ -238,9 +265,9 @@ def to_markdown(sec: NightlySection, html_name: str = "report.html") -> str:
             f"First run of its series ({_series_text(sec)}): nothing to compare with yet.\n"
         )
         return "\n".join(lines)
-    prev = sec.previous
     lines.append(
-        f"Against `{sec.previous_run_id}` (started {prev.get('started_at')}), series {_series_text(sec)}."
+        f"Against `{sec.previous_run_id}` (started {sec.previous.get('started_at')}), "
+        f"series {_series_text(sec)}."
         + (" **The sandbox image changed since then.**" if sec.image_changed else "")
     )
     lines.append("")
@@ -248,11 +275,10 @@ def to_markdown(sec: NightlySection, html_name: str = "report.html") -> str:
     if sig:
         lines.append(f"**Significant changes** (Holm-adjusted p < {sec.alpha}):\n")
         for r in sig:
-            mark = "▼" if r.direction == "down" else "▲"
-            lines.append(f"- {mark} {describe_change(r)}")
+            lines.append(f"- {'▼' if r.direction == 'down' else '▲'} {describe_change(r)}")
             if r.domain == ALL:
                 continue
-            for f in r.flips:
+            for f in r.flips[:MAX_LISTED]:
                 links = ", ".join(
                     f"[{label}]({html_name}#{anchor(run, ep)})"
                     for label, run, eps in (
@@ -260,28 +286,46 @@ def to_markdown(sec: NightlySection, html_name: str = "report.html") -> str:
                         ("tonight", sec.run_id, f.episodes_after),
                     )
                     for ep in eps[:1]
+                    if (run, ep) in sec.trajectories
                 )
+                viewer = sec.side_by_side(f)
+                if viewer:
+                    links = ", ".join(x for x in (links, f"[side by side]({viewer})") if x)
                 lines.append(
-                    f"  - `{f.task_id}` {f.direction} ({_pct(f.before)} -> {_pct(f.after)}): {links}"
+                    f"  - `{f.task_id}` {f.direction} ({_pct(f.before)} -> {_pct(f.after)})"
+                    + (f": {links}" if links else "")
                 )
+            if len(r.flips) > MAX_LISTED:
+                lines.append(f"  - ... and {len(r.flips) - MAX_LISTED} more: {_more_sql(sec, r)}")
     else:
         lines.append(
-            f"No significant change: every difference is within noise ({len(sec.comparison)} comparisons, "
-            f"Holm-adjusted, alpha = {sec.alpha})."
+            f"No significant change: every difference is within noise "
+            f"({len(sec.comparison)} comparisons, Holm-adjusted, alpha = {sec.alpha})."
         )
     lines.append("")
     lines.append(_markdown_rows(sec.table_rows()))
-    noise = [f for r in sec.comparison if r.domain != ALL and not r.significant for f in r.flips]
+    noise = sec.noise_flips()
     if noise:
-        lines.append(
-            "Flips within the noise: " + ", ".join(_flip_text(sec, f) for f in noise) + "\n"
-        )
+        more = f", ... and {len(noise) - MAX_LISTED} more" if len(noise) > MAX_LISTED else ""
+        shown = ", ".join(_flip_text(sec, f) for f in noise[:MAX_LISTED])
+        lines.append(f"Flips within the noise: {shown}{more}\n")
     return "\n".join(lines)
 
 
-def _series_text(sec: NightlySection) -> str:
-    s = sec.series
-    return f"`{s.get('series')}` / task set `{s.get('dataset')}` ({str(s.get('dataset_hash') or '')[:12]}) / model `{s.get('model')}`"
+def _more_sql(sec: NightlySection, r: ComparisonRow) -> str:
+    run, domain, mode = (v.replace("'", "''") for v in (sec.run_id, r.domain, r.mode))
+    return (
+        f"`sandflow sql \"SELECT tasks_down, tasks_up FROM nightly_diff WHERE run_id = '{run}' "
+        f"AND domain = '{domain}' AND mode = '{mode}'\"`"
+    )
+
+
+def _series_text(sec: NightlySection, quote: str = "`") -> str:
+    s, q = sec.series, quote
+    return (
+        f"{q}{s.get('series')}{q} / task set {q}{s.get('dataset')}{q} "
+        f"({str(s.get('dataset_hash') or '')[:12]}) / model {q}{s.get('model')}{q}"
+    )
 
 
 def _flip_text(sec: NightlySection, f: Any) -> str:
@@ -324,17 +368,16 @@ def _table(rows: Sequence[dict[str, Any]], key: str) -> str:
 
 def to_html(sec: NightlySection) -> str:
     parts = [
-        f"<style>{_CSS}</style><section class='nightly' id='changes'><h2>Changes since the previous run</h2>"
+        f"<style>{_CSS}</style><section class='nightly' id='changes'>"
+        "<h2>Changes since the previous run</h2>"
     ]
+    series = _e(_series_text(sec, quote=""))
     if not sec.previous_run_id:
-        parts.append(
-            f"<p>First run of its series ({_e(_series_text(sec))}): nothing to compare with yet.</p>"
-        )
+        parts.append(f"<p>First run of its series ({series}): nothing to compare with yet.</p>")
     else:
-        prev = sec.previous
         parts.append(
-            f"<p>Against <code>{_e(sec.previous_run_id)}</code> (started {_e(prev.get('started_at'))}), "
-            f"series {_e(_series_text(sec))}."
+            f"<p>Against <code>{_e(sec.previous_run_id)}</code> "
+            f"(started {_e(sec.previous.get('started_at'))}), series {series}."
             + (" <b>The sandbox image changed since then.</b>" if sec.image_changed else "")
             + "</p>"
         )
@@ -345,16 +388,15 @@ def to_html(sec: NightlySection) -> str:
             )
             for r in sig:
                 cls = "down" if r.direction == "down" else "up"
-                mark = "▼" if cls == "down" else "▲"
                 flips = ""
                 if r.domain != ALL and r.flips:
-                    flips = (
-                        "<ul>"
-                        + "".join(f"<li>{_flip_html(sec, f)}</li>" for f in r.flips)
-                        + "</ul>"
-                    )
+                    items = "".join(f"<li>{_flip_html(sec, f)}</li>" for f in r.flips[:MAX_LISTED])
+                    if len(r.flips) > MAX_LISTED:
+                        items += f"<li>... and {len(r.flips) - MAX_LISTED} more: {_e(_more_sql(sec, r))}</li>"
+                    flips = f"<ul>{items}</ul>"
                 parts.append(
-                    f"<li class='sig {cls}' data-change='{cls}'>{mark} {_e(describe_change(r))}{flips}</li>"
+                    f"<li class='sig {cls}' data-change='{cls}'>{'▼' if cls == 'down' else '▲'} "
+                    f"{_e(describe_change(r))}{flips}</li>"
                 )
             parts.append("</ul>")
         else:
@@ -363,14 +405,14 @@ def to_html(sec: NightlySection) -> str:
                 f"({len(sec.comparison)} comparisons, Holm-adjusted, alpha = {sec.alpha}).</p>"
             )
         parts.append(_table(sec.table_rows(), "changes"))
-        noise = [
-            f for r in sec.comparison if r.domain != ALL and not r.significant for f in r.flips
-        ]
+        noise = sec.noise_flips()
         if noise:
+            flaky = sum((f.mode, f.task_id) in sec.flaky for f in noise)
             parts.append(
-                "<p>Flips within the noise: "
+                f"<details class='noise'><summary>{len(noise)} task(s) flipped within the noise "
+                f"({flaky} known flaky)</summary><p>"
                 + ", ".join(_flip_html(sec, f) for f in noise)
-                + "</p>"
+                + "</p></details>"
             )
         parts.append(_trajectories_html(sec))
     figs = trend_plots(sec)
@@ -397,6 +439,9 @@ def _flip_html(sec: NightlySection, f: Any) -> str:
             if run and (run, ep) in sec.trajectories:
                 suffix = f" #{i + 1}" if len(eps) > 1 else ""
                 links.append(f'<a href="#{anchor(run, ep)}">{label}{suffix}</a>')
+    viewer = sec.side_by_side(f)
+    if viewer:
+        links.append(f'<a class="viewer" href="{_e(viewer)}">side by side</a>')
     flaky = sec.flaky.get((f.mode, f.task_id))
     tag = f" <i>flaky: {flaky.flips} flips in {flaky.runs} runs</i>" if flaky else ""
     return (
@@ -411,6 +456,7 @@ def _trajectories_html(sec: NightlySection) -> str:
     if not sec.trajectories:
         return ""
     parts = ["<h3>Trajectories of the flipped tasks</h3>"]
+    budget = MAX_EMBEDDED_CHARS
     for (run, ep), e in sorted(
         sec.trajectories.items(),
         key=lambda kv: (kv[1].get("task_id") or "", kv[0][0] != sec.previous_run_id),
@@ -424,23 +470,31 @@ def _trajectories_html(sec: NightlySection) -> str:
         )
         if e.get("error"):
             parts.append(f"<div>error:<pre>{_e(e['error'])}</pre></div>")
-        for t in e.get("turns") or []:
-            parts.append(f"<div class='turn'><b>turn {_e(t.get('turn_index'))}</b>")
-            if t.get("reasoning_content"):
-                parts.append(f"<div>reasoning:<pre>{_e(t['reasoning_content'])}</pre></div>")
-            if t.get("assistant_content"):
-                parts.append(f"<pre>{_e(t['assistant_content'])}</pre>")
-            for c in t.get("tool_calls") or []:
-                parts.append(
-                    f"<div>→ <code>{_e(c.get('name'))}</code><pre>{_e(c.get('arguments'))}</pre></div>"
-                )
-            for o in t.get("observations") or []:
-                status = f"exit {o.get('exit_code')}" + (
-                    ", timed out" if o.get("timed_out") else ""
-                )
-                parts.append(f"<div>← {_e(status)}<pre>{_e(o.get('content'))}</pre></div>")
-            parts.append("</div>")
+        body = _turns_html(e.get("turns") or [])
+        if len(body) > budget:
+            body = "<p><i>turns left out: the page's size bound for trajectories is reached</i></p>"
+        budget -= len(body)
+        parts.append(body)
         parts.append("</details>")
+    return "".join(parts)
+
+
+def _turns_html(turns: Sequence[dict[str, Any]]) -> str:
+    parts = []
+    for t in turns:
+        parts.append(f"<div class='turn'><b>turn {_e(t.get('turn_index'))}</b>")
+        if t.get("reasoning_content"):
+            parts.append(f"<div>reasoning:<pre>{_e(t['reasoning_content'])}</pre></div>")
+        if t.get("assistant_content"):
+            parts.append(f"<pre>{_e(t['assistant_content'])}</pre>")
+        for c in t.get("tool_calls") or []:
+            parts.append(
+                f"<div>→ <code>{_e(c.get('name'))}</code><pre>{_e(c.get('arguments'))}</pre></div>"
+            )
+        for o in t.get("observations") or []:
+            status = f"exit {o.get('exit_code')}" + (", timed out" if o.get("timed_out") else "")
+            parts.append(f"<div>← {_e(status)}<pre>{_e(o.get('content'))}</pre></div>")
+        parts.append("</div>")
     return "".join(parts)
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import base64
 import html
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from analysis import comparisons, metrics, nightly_report
 from analysis.usage_rules import CAPABILITIES
@@ -36,6 +37,8 @@ class ReportData:
     modes: list[dict[str, Any]] = field(default_factory=list)
     pass_at_k: list[dict[str, Any]] = field(default_factory=list)
     nightly: nightly_report.NightlySection | None = None  # set by the report flow
+    # Base URL of `sandflow view`: table rows link to their episodes there (None: no links)
+    viewer_url: str | None = None
 
     @classmethod
     def from_run(cls, data: RunData, meta: dict[str, Any] | None = None) -> ReportData:
@@ -198,14 +201,39 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def html_table(rows: Sequence[dict[str, Any]], key: str) -> str:
+DEFAULT_VIEWER_URL = "http://127.0.0.1:8765"  # `sandflow view`'s default address
+_LINKED = ("domain", "mode", "termination", "episodes", "accuracy", *CAPABILITIES)
+
+
+def viewer_link(viewer_url: str, run_id: str, row: dict[str, Any], col: str) -> str | None:
+    """The viewer page listing the episodes behind one cell: the row's domain x mode (and
+    termination), and for a capability column the episodes that used it. None for cells
+    that stand for no set of episodes."""
+    if col not in _LINKED or col not in row:
+        return None
+    params = {
+        k: str(row[k]) for k in ("domain", "mode", "termination") if row.get(k) not in (None, metrics.ALL)
+    }
+    if col in CAPABILITIES:
+        params["usage"] = col
+    query = ("?" + urlencode(params)) if params else ""
+    return f"{viewer_url.rstrip('/')}/runs/{quote(run_id, safe='')}{query}"
+
+
+def html_table(
+    rows: Sequence[dict[str, Any]], key: str, link: Callable[[dict[str, Any], str], str | None] | None = None
+) -> str:
     if not rows:
         return f'<p class="empty" data-table="{key}">no data</p>'
     cols = list(rows[0].keys())
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows
-    )
+
+    def cell(r: dict[str, Any], c: str) -> str:
+        text = html.escape(_fmt(r.get(c)))
+        href = link(r, c) if link is not None else None
+        return f'<td><a href="{html.escape(href)}">{text}</a></td>' if href else f"<td>{text}</td>"
+
+    body = "".join("<tr>" + "".join(cell(r, c) for c in cols) + "</tr>" for r in rows)
     return f'<table data-table="{key}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -257,8 +285,13 @@ def to_html(rd: ReportData) -> str:
         f'src="data:image/png;base64,{b64}"><figcaption>{html.escape(t)}</figcaption></figure>'
         for t, b64 in plots(rd)
     )
+    viewer_url = rd.viewer_url
+
+    def link(row: dict[str, Any], col: str) -> str | None:
+        return viewer_link(viewer_url, rd.run_id, row, col) if viewer_url else None
+
     sections = "".join(
-        f"<h2>{html.escape(title)}</h2>{html_table(rows, key)}" for key, title, rows in rd.tables()
+        f"<h2>{html.escape(title)}</h2>{html_table(rows, key, link)}" for key, title, rows in rd.tables()
     )
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (

@@ -15,6 +15,7 @@ from typing import Any
 
 from prefect import flow
 
+from analysis.report import DEFAULT_VIEWER_URL
 from datasets_prep.verifiers import JudgeEndpoint
 from flows.prepare import prepare_flow
 from flows.report import report_flow
@@ -49,6 +50,7 @@ def benchmark(
     rollouts: bool = True,
     fail_on_regression: bool = False,
     alpha: float = 0.05,
+    viewer_url: str | None = DEFAULT_VIEWER_URL,
 ) -> dict[str, Any]:
     """The benchmark's steps (inside a flow); returns every step's summary.
 
@@ -67,7 +69,7 @@ def benchmark(
         out["rollouts"] = rollouts_flow(
             run_id=rid, warehouse=warehouse, task_set=task_set, max_seq_tokens=max_seq_tokens
         )
-    out["report"] = report_flow(run_id=rid, warehouse=warehouse, alpha=alpha)
+    out["report"] = report_flow(run_id=rid, warehouse=warehouse, alpha=alpha, viewer_url=viewer_url)
     if fail_on_regression and out["report"].get("regression"):
         from analysis.nightly_report import RegressionFound
 
@@ -94,6 +96,7 @@ def benchmark_flow(
     rollouts: bool = True,
     fail_on_regression: bool = False,
     alpha: float = 0.05,
+    viewer_url: str | None = DEFAULT_VIEWER_URL,
 ) -> dict[str, Any]:
     """Benchmark a model on a task source end to end (`sandflow bench`)."""
     return benchmark(
@@ -106,6 +109,7 @@ def benchmark_flow(
         rollouts=rollouts,
         fail_on_regression=fail_on_regression,
         alpha=alpha,
+        viewer_url=viewer_url,
     )
 
 
@@ -135,6 +139,8 @@ def nightly_flow(
     series: str | None = None,
     fail_on_regression: bool = False,
     alpha: float = 0.05,
+    viewer_url: str | None = DEFAULT_VIEWER_URL,  # the report's links into `sandflow view`
+    wait_for_lock: bool | float = False,  # another process runs run_id: wait (not refuse)
 ) -> dict[str, Any]:
     """The nightly deployment: benchmark a model on a task source end to end. The run joins
     the series `series` (default: the deployment's name; ad hoc without one)."""
@@ -156,6 +162,7 @@ def nightly_flow(
         network=network,
         request_timeout_s=request_timeout_s,
         series=series or _deployment_name(),
+        wait_for_lock=wait_for_lock,
     )
     return benchmark(
         spec,
@@ -166,6 +173,7 @@ def nightly_flow(
         rollouts=rollouts,
         fail_on_regression=fail_on_regression,
         alpha=alpha,
+        viewer_url=viewer_url,
     )
 
 

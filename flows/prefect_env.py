@@ -53,27 +53,35 @@ def apply(overrides: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def detach_ephemeral_server() -> None:
-    """Start Prefect's ephemeral API server in its own session (CLI runs only).
+    """Start Prefect's ephemeral API server in its own session, tied to this process (CLI).
 
     Ctrl+C in a terminal signals the whole foreground process group. The ephemeral
     server is a child in that group, so it died at once and the interrupted run could
     not report its own stop: ~80 s of event retries, then a ConnectError traceback
     (found by tests/chaos: SIGINT to the process group). In its own session it only
-    gets the terminate Prefect sends it at exit. No-op with a real server (PREFECT_API_URL).
+    gets the terminate Prefect sends it at exit. But then nothing stopped it after a
+    kill -9 of the run (issue #11: it ran on forever), so it runs under flows.deathwatch,
+    which stops it the moment this process is gone. No-op with a real server
+    (PREFECT_API_URL).
     """
     if os.environ.get("PREFECT_API_URL"):
         return
-    import functools
     import subprocess
     import types
 
     from prefect.server.api import server as api_server
 
+    from flows.deathwatch import wrap
+
     current = getattr(api_server, "subprocess", None)
     if current is None or getattr(current, "sandflow_detached", False):
         return
+
+    def popen(args: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(wrap(list(args)), start_new_session=True, **kwargs)  # type: ignore[call-overload]
+
     shim = types.SimpleNamespace(**{k: getattr(subprocess, k) for k in dir(subprocess) if not k.startswith("__")})
-    shim.Popen = functools.partial(subprocess.Popen, start_new_session=True)
+    shim.Popen = popen
     shim.sandflow_detached = True
     api_server.subprocess = shim  # type: ignore[assignment]
 

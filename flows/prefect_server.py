@@ -8,8 +8,8 @@ API": docs/reliability.md). So for `--task-runner dask` without an API URL sandf
 starts ONE real `prefect server start` on 127.0.0.1 (a free port) for the run's
 duration, points the flow and the local cluster's workers at it, and stops it at the
 end: on success, on errors, on Ctrl+C/SIGTERM (the CLI turns both into
-KeyboardInterrupt), and on kill -9 of the CLI (the server gets SIGKILL as its
-parent-death signal). Workers on other hosts (an external --dask-address) cannot use
+KeyboardInterrupt), and on kill -9 of the CLI (it runs under flows/deathwatch.py, which
+stops it as soon as the CLI process is gone). Workers on other hosts (an external --dask-address) cannot use
 a server on this host's loopback: that case fails at once, asking for PREFECT_API_URL.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
+from flows.deathwatch import wrap
 from flows.run import RunConfigError
 
 STOP_TIMEOUT_S = 20.0
@@ -128,8 +128,7 @@ def temporary_server(timeout_s: float | None = None) -> Iterator[str]:
     port = _free_port()
     prefect_bin = Path(sys.executable).parent / "prefect"
     argv = [str(prefect_bin), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
-    if shutil.which("setpriv"):  # the server dies with us, even after kill -9 (no orphan)
-        argv = ["setpriv", "--pdeathsig", "KILL", "--", *argv]
+    argv = wrap(argv)  # the server dies with us, even after kill -9 (flows/deathwatch.py)
     log = tempfile.NamedTemporaryFile(prefix="sandflow-prefect-server-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(
         argv,

@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect import flow
 
-from analysis.report import ReportData, to_markdown, write_report
+from analysis.report import DEFAULT_VIEWER_URL, ReportData, to_markdown, write_report
 from flows import artifacts
 from warehouse import DEFAULT_ROOT, Warehouse
 
@@ -20,9 +20,11 @@ def report_flow(
     verifier: str | None = None,
     alpha: float = 0.05,
     trend_runs: int = 14,
+    viewer_url: str | None = DEFAULT_VIEWER_URL,
 ) -> dict[str, Any]:
     """report.html + report.md; with "Changes since the previous run" of the run's series
-    (significant drops are returned as `regressions`) and trends over `trend_runs` runs."""
+    (significant drops are returned as `regressions`) and trends over `trend_runs` runs.
+    The tables link to their episodes in `sandflow view` at `viewer_url` (None or "": no links)."""
     wh = Warehouse(warehouse)
     data = wh.load_run(run_id, verifier=verifier)
     run = wh.run_info(run_id) or {}
@@ -33,7 +35,9 @@ def report_flow(
         "status": run.get("status"),
     }
     rd = ReportData.from_run(data, {k: v for k, v in meta.items() if v is not None})
+    rd.viewer_url = viewer_url or None
     rd.nightly = _nightly_section(warehouse, run_id, alpha, trend_runs)
+    rd.nightly.viewer_url = rd.viewer_url
     out = Path(out_dir or Path(warehouse) / "reports" / run_id).expanduser()
     html_path, md_path = write_report(rd, out)
     key = artifacts.artifact_key("report", run_id)

@@ -22,6 +22,7 @@ import os
 import secrets
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,10 @@ class RunConfigError(ValueError):
     """A run parameter is wrong; the message names it."""
 
 
+class RunLockedError(RunConfigError):
+    """Another process is running this run id (the message names it: pid, host, start)."""
+
+
 class WarehouseFullError(RunConfigError):
     """The warehouse's disk is full: every further episode would fail too, so the run stops."""
 
@@ -53,6 +58,19 @@ def _no_space(exc: BaseException | None) -> bool:
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
+
+
+@contextlib.contextmanager
+def hold_run(wh: Any, run_id: str, wait: bool | float = False) -> Iterator[None]:
+    """The run's lock (Warehouse.hold_run, warehouse/runlock.py) for the block;
+    RunLockedError (one sentence naming the holder) if another process holds it."""
+    from warehouse import RunLocked
+
+    try:
+        with wh.hold_run(run_id, wait=wait):
+            yield
+    except RunLocked as exc:
+        raise RunLockedError(str(exc)) from None
 
 
 def new_run_id(name: str) -> str:
@@ -172,14 +190,13 @@ def _preflight_model(cfg: Any, model_given: bool) -> Any:
 
 
 def execute_run(spec: RunSpec) -> dict[str, Any]:
-    """The body of the run flow (must run inside a Prefect flow: it submits tasks)."""
-    from prefect.exceptions import TerminationSignal
-    from prefect.futures import as_completed
+    """The body of the run flow (must run inside a Prefect flow: it submits tasks).
 
+    Raises RunLockedError when another process runs this run id (`spec.wait_for_lock`:
+    True waits for it, a number waits that many seconds).
+    """
     from datasets_prep.prepare import load_taskset
-    from flows import progress
-    from flows.episode import make_episode_task, request_cancel, reset_cancel
-    from tasks.local_model import endpoint
+    from flows.episode import reset_cancel
     from warehouse import Warehouse
 
     t_start = time.perf_counter()
@@ -197,6 +214,25 @@ def execute_run(spec: RunSpec) -> dict[str, Any]:
     rid = spec.run_id or new_run_id(ts.name)
     specs = plan(list(ts.tasks), rid, spec.mode, spec.samples)
     wh = Warehouse(root)
+    # One run id, one writer (warehouse.runlock): a second process on this run id is
+    # refused (or waits), and a kill -9'd holder releases the lock with its death.
+    with hold_run(wh, rid, wait=spec.wait_for_lock):
+        # Half-written temporary files a killed writer of this run left (invisible, on disk).
+        wh.remove_dead_temps(rid)
+        return _execute_locked(spec, ts, rid, specs, wh, root, t_start)
+
+
+def _execute_locked(
+    spec: RunSpec, ts: Any, rid: str, specs: list[EpisodeSpec], wh: Any, root: str, t_start: float
+) -> dict[str, Any]:
+    """execute_run's work once the run's lock is held."""
+    from prefect.exceptions import TerminationSignal
+    from prefect.futures import as_completed
+
+    from flows import progress
+    from flows.episode import make_episode_task, request_cancel
+    from tasks.local_model import endpoint
+
     done = wh.done_keys(rid)
     pending = [s for s in specs if (s.task.id, s.mode, s.sample_index) not in done]
     progress.planned(total=len(pending), skipped=len(specs) - len(pending), run_id=rid)
@@ -329,7 +365,11 @@ def make_task_runner(kind: str = "thread", concurrency: int = 4, dask_address: s
 def run_flow(spec: RunSpec) -> dict[str, Any]:
     """Run a task set against a model in sandbox and/or LLM mode; resumable by run id.
 
-    Everything about the run is in `spec` (tasks/spec.py). At the end the run's files are
+    Everything about the run is in `spec` (tasks/spec.py). One process per run id: a
+    second one raises RunLockedError naming the holder, or with `spec.wait_for_lock`
+    waits for it (True: as long as it takes; seconds: that long).
+
+    At the end the run's files are
     compacted (one file per table; `spec.compact=False` skips it); the summary's
     `compaction` says how long that took (inside `elapsed_s`).
 

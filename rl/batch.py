@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_random_exponential
@@ -404,6 +404,3 @@ def _score_row(event: dict[str, Any], task: Task) -> dict[str, Any]:
         "answer": event["answer"],
         "ground_truth": task.ground_truth,
     }
-
-
-Status = Literal["ok", "failed", "cancelled"]

@@ -1,7 +1,7 @@
 """A small client for the rollout server (rl.server).
 
     from rl.client import RolloutClient
-    with RolloutClient("http://127.0.0.1:8765") as client:
+    with RolloutClient("http://127.0.0.1:8770") as client:
         for event in client.stream(request):           # NDJSON events as they come
             ...
         result = client.rollouts(request)              # or all of it, advantages merged
@@ -41,7 +41,7 @@ class RolloutResult:
 
 
 class RolloutClient:
-    def __init__(self, url: str = "http://127.0.0.1:8765", timeout_s: float | None = None) -> None:
+    def __init__(self, url: str = "http://127.0.0.1:8770", timeout_s: float | None = None) -> None:
         self.url = url.rstrip("/")
         # No read timeout by default: a batch streams for as long as its episodes run.
         self._http = httpx.Client(timeout=httpx.Timeout(30.0, read=timeout_s))

@@ -284,6 +284,23 @@ class SandboxEnv:
             )
         self.reward = reward_of(self.task, record.answer)
         info.update(reward_reason=self.reward.reason, verifier=self.reward.verifier)
+        if self.warehouse is not None:  # the reward as a score, like any scored run
+            from warehouse.store import Warehouse
+
+            Warehouse(self.warehouse).write_scores(
+                [
+                    {
+                        "run_id": record.run_id,
+                        "episode_id": record.episode_id,
+                        "verifier": self.reward.verifier,
+                        "score": self.reward.score,
+                        "passed": self.reward.score >= 1.0,
+                        "reason": self.reward.reason,
+                        "answer": record.answer,
+                        "ground_truth": self.task.ground_truth,
+                    }
+                ]
+            )
         return self.reward.score
 
     def _write_run(self) -> None:

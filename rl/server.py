@@ -191,7 +191,7 @@ def _validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8765) -> None:
+def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8770) -> None:
     """Run the server in the foreground (Ctrl+C stops it and removes its sandboxes)."""
     import uvicorn
 

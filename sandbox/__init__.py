@@ -35,6 +35,7 @@ __all__ = [
     "SandboxError",
     "SandboxExpired",
     "SandboxLimits",
+    "acquire",
     "open_sandbox",
 ]
 
@@ -56,3 +57,19 @@ def open_sandbox(config: SandboxConfig | None = None) -> Sandbox:
 
         return BwrapSandbox(config)
     raise ValueError(f"unknown sandbox backend {config.backend!r}: use 'docker' or 'bwrap'")
+
+
+def acquire(config: SandboxConfig | None = None) -> Sandbox:
+    """A sandbox for one episode: from the warm pool (`config.reuse == "pool"`) or fresh.
+
+    A pooled sandbox's close() gives it back: it is reset in the background (every process
+    killed, every writable place wiped, a new shell) and serves the next episode, or it is
+    destroyed when the reset cannot prove a fresh state (sandbox/pool.py). Network policy
+    "host" is always fresh: a reset cannot see the host's sockets.
+    """
+    config = config or SandboxConfig()
+    if config.reuse == "fresh" or config.limits.network == "host":
+        return open_sandbox(config)
+    from sandbox.pool import pool_for
+
+    return pool_for(config).acquire(config)

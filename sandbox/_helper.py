@@ -25,7 +25,7 @@ The channel is out of the sandbox user's reach, by two independent layers:
 Children inherit no fd of the helper (all closed before exec).
 
 Protocol. Every message is one JSON header line, optionally followed by `len` raw bytes.
-Host -> helper: {"op": "exec"|"put"|"get"|"ping"|"exit", "id": n, ...}.
+Host -> helper: {"op": "exec"|"put"|"get"|"reset"|"lifetime"|"ping"|"exit", "id": n, ...}.
 Helper -> host: {"id": n, ...}; the very first line is {"ready": true, ...}. A `get`
 answers with data frames {"id": n, "data": 1, "len": k} (k <= its `chunk`), then one
 final {"id": n, "ok": ..., "summary": {...}}: the archive is streamed, never held.
@@ -120,7 +120,7 @@ def close_inherited_fds():
 
 
 class Channel:
-    """Buffered reads of header lines and exact byte counts from the host."""
+    """Buffered reads from the host: header lines, and payloads through PayloadReader."""
 
     def __init__(self) -> None:
         self.buf = bytearray()
@@ -149,19 +149,20 @@ class Channel:
         del self.buf[: i + 1]
         return out
 
-    def exact(self, n):
-        while len(self.buf) < n:
-            if not self.fill(5.0) and self.eof:
-                raise EOFError("host closed the channel mid-payload")
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
-
 
 def send(msg, payload=b""):
+    """One message to the host: a JSON header line, then `len` payload bytes."""
     if payload:
         msg["len"] = len(payload)
-    data = json.dumps(msg, separators=(",", ":")).encode() + b"\n" + payload
+    head = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+    if len(payload) > 65536:  # a data frame: no copy of it just to prepend the header
+        write_all(head)
+        write_all(payload)
+    else:
+        write_all(head + payload)
+
+
+def write_all(data):
     view = memoryview(data)
     while view:
         n = os.write(STDOUT, view)
@@ -960,10 +961,217 @@ def op_get(req):
     send({"id": req["id"], "ok": True, "summary": exporter.summary(t0)})
 
 
+# ----------------------------------------------------------------------------- reset
+
+
+WIPE_ROOTS = ("/tmp", "/dev/shm", "/dev/mqueue")  # + WORKDIR and HOME (see wipe_roots)
+SYSVIPC = ("shm", "sem", "msg")
+RESET_KILL_S = 3.0
+WIPE_S = 30.0
+BOOT_STATE: dict = {}  # what a fresh sandbox looks like, taken before the first shell
+
+
+def wipe_roots():
+    home = os.environ.get("HOME", "/home/sandbox")
+    out = []
+    for root in (WORKDIR, home) + WIPE_ROOTS:
+        if root not in out and os.path.isdir(root) and not os.path.islink(root):
+            out.append(root)
+    return out
+
+
+def root_state(root):
+    """What a probe can see of one writable place: its mode, owner, entries, free space."""
+    st = os.lstat(root)
+    state: dict = {"mode": st.st_mode, "uid": st.st_uid, "gid": st.st_gid}
+    state["entries"] = sorted(os.listdir(root))
+    if not root.startswith("/dev/mqueue"):
+        vfs = os.statvfs(root)
+        state["free"] = (vfs.f_bfree, vfs.f_ffree)
+    return state
+
+
+def sysvipc_ids():
+    """{kind: [ids]} of every System V IPC object in this IPC namespace."""
+    out = {}
+    for kind in SYSVIPC:
+        ids = []
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 1 and fields[1].isdigit():
+                        ids.append(int(fields[1]))
+        except OSError:
+            pass
+        out[kind] = ids
+    return out
+
+
+def listening_sockets():
+    """Sockets of this network namespace that a process would hold: listeners, udp, unix."""
+    out = []
+    for name in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/net/{name}") as f:
+            next(f, None)
+            out += [f"{name}:{ln.split()[1]}" for ln in f if ln.split()[3:4] == ["0A"]]
+    for name in ("udp", "udp6", "raw", "raw6", "unix"):
+        with contextlib.suppress(OSError), open(f"/proc/net/{name}") as f:
+            next(f, None)
+            out += [f"{name}:{i}" for i, _ in enumerate(f)]
+    return sorted(out)
+
+
+def take_boot_state():
+    BOOT_STATE["roots"] = {root: root_state(root) for root in wipe_roots()}
+    BOOT_STATE["sockets"] = listening_sockets()
+    BOOT_STATE["oom"] = oom_count()
+
+
+def remove_tree_contents(root, boot_mode):
+    """Delete everything under `root` (as the sandbox user), unlocking folders it locked."""
+    st = os.lstat(root)
+    if stat.S_IMODE(st.st_mode) != stat.S_IMODE(boot_mode) and st.st_uid == os.geteuid():
+        os.chmod(root, stat.S_IMODE(boot_mode) | stat.S_IRWXU)
+    stack, dirs = [root], []
+    while stack:
+        d = stack.pop()
+        if d != root:
+            os.chmod(d, stat.S_IRWXU)  # a folder the model made 000 or read-only
+        with os.scandir(d) as it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                    dirs.append(entry.path)
+                else:
+                    os.unlink(entry.path)
+    for d in reversed(dirs):
+        os.rmdir(d)
+    if stat.S_IMODE(os.lstat(root).st_mode) != stat.S_IMODE(boot_mode):
+        os.chmod(root, stat.S_IMODE(boot_mode))
+
+
+def rm_sysvipc():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ipc_rmid = 0
+    for kind, ids in sysvipc_ids().items():
+        for i in ids:
+            if kind == "shm":
+                libc.shmctl(i, ipc_rmid, None)
+            elif kind == "sem":
+                libc.semctl(i, 0, ipc_rmid, 0)
+            else:
+                libc.msgctl(i, ipc_rmid, None)
+
+
+def wipe_as_user():
+    """In a child that is the sandbox user (the owner of everything left): wipe, remove IPC."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            os.closerange(3, w)
+            os.closerange(w + 1, MAXFD)
+            become_sandbox_user()
+            errors = []
+            for root, state in BOOT_STATE["roots"].items():
+                try:
+                    remove_tree_contents(root, state["mode"])
+                except OSError as e:
+                    errors.append(f"wipe {root}: {e}"[:300])
+            try:
+                rm_sysvipc()
+            except OSError as e:
+                errors.append(f"sysvipc: {e}"[:300])
+            os.write(w, json.dumps(errors[:10]).encode()[:60000])
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    data = b""
+    deadline = time.monotonic() + WIPE_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([r], [], [], 0.2)
+        if ready:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            data += chunk
+    os.close(r)
+    kill_all()  # the wiper too, if it overran
+    try:
+        report = json.loads(data.decode() or "null")
+    except ValueError:
+        report = None
+    if not isinstance(report, list):
+        return ["the wiper did not finish"]
+    return [str(e) for e in report]
+
+
+def others_gone():
+    """SIGKILL every process but us until none is left (False if it would not converge)."""
+    deadline = time.monotonic() + RESET_KILL_S
+    while time.monotonic() < deadline:
+        if set(proc_table()) <= {1}:
+            return True
+        kill_all()
+    return set(proc_table()) <= {1}
+
+
+def op_reset(session, chan, req):
+    """Bring the sandbox back to how it booted, then prove it; a new session either way.
+
+    Every process but PID 1 is killed (kill(-1) is atomic against forks, so setsid, nohup
+    and double forks go too), every writable place is emptied by a child running as the
+    sandbox user, System V IPC objects are removed, and then the state is compared with
+    the boot snapshot: processes, each place's entries/mode/owner/free blocks and inodes,
+    IPC objects, sockets of the namespace, the OOM counter. `failed` lists what differs;
+    the host destroys a sandbox whose reset failed.
+    """
+    global T_START, LIFETIME_S
+    session.shell.kill()
+    failed = []
+    if not others_gone():
+        failed.append("processes survived SIGKILL")
+    else:
+        failed += wipe_as_user()
+        if not others_gone():
+            failed.append("processes survived the wipe")
+    DEAD.clear()
+    for root, boot in BOOT_STATE["roots"].items():
+        try:
+            now = root_state(root)
+        except OSError as e:
+            failed.append(f"{root}: {e}")
+            continue
+        for key, value in boot.items():
+            if now.get(key) != value:
+                failed.append(f"{root}: {key} differs")
+    if any(sysvipc_ids().values()):
+        failed.append("System V IPC objects left")
+    if req.get("check_net", True) and listening_sockets() != BOOT_STATE["sockets"]:
+        failed.append("sockets left")
+    if oom_count() != BOOT_STATE["oom"]:
+        failed.append("the OOM counter moved (the cgroup remembers an OOM kill)")
+    lifetime = float(req.get("lifetime") or 0)
+    T_START, LIFETIME_S = time.monotonic(), lifetime
+    session = Session()
+    first = session.run(chan, "true", 10.0, 1024)
+    if first.get("exit_code") != 0:
+        failed.append("the new shell did not answer")
+    return session, failed
+
+
 # ----------------------------------------------------------------------------- main
 
 
 def main():
+    global T_START, LIFETIME_S
     # As PID 1, signals without a handler are ignored; Python's own SIGINT handler would not be.
     if os.getpid() != 1:
         # Killing "every new process" is only safe inside the sandbox's own pid namespace.
@@ -978,6 +1186,7 @@ def main():
         sys.stderr.write(f"sandflow helper: cannot protect its channel: {e}\n")
         sys.exit(3)
     chan = Channel()
+    take_boot_state()  # what a reset must return to (op "reset")
     session = Session()
     first = session.run(chan, "true", 10.0, 1024)
     send({"ready": True, "pid": os.getpid(), "boot": first["exit_code"], **guard})
@@ -1016,6 +1225,12 @@ def main():
                 op_put(chan, req)
             elif op == "get":
                 op_get(req)
+            elif op == "reset":
+                session, failed = op_reset(session, chan, req)
+                send({"id": rid, "ok": not failed, "failed": failed[:20]})
+            elif op == "lifetime":  # a pooled sandbox's next episode: its own wall clock
+                T_START, LIFETIME_S = time.monotonic(), max(0.0, float(req.get("s") or 0))
+                send({"id": rid, "ok": True})
             elif op == "ping":
                 send({"id": rid, "ok": True})
             elif op == "exit":

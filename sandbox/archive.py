@@ -82,8 +82,9 @@ class ExportSummary:
     def add(self, reason: str, name: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
         names = self.examples.setdefault(reason, [])
-        if len(names) < EXAMPLES and name[:EXAMPLE_CHARS] not in names:
-            names.append(name[:EXAMPLE_CHARS])
+        shown = printable(name)
+        if len(names) < EXAMPLES and shown not in names:
+            names.append(shown)
 
     @property
     def total_skipped(self) -> int:
@@ -105,7 +106,7 @@ class ExportSummary:
                         if isinstance(name, str):
                             kept = self.examples.setdefault(reason, [])
                             if len(kept) < EXAMPLES:
-                                kept.append(name[:EXAMPLE_CHARS])
+                                kept.append(printable(name))
         if raw.get("stopped") in ("count", "time"):
             self.stopped = raw["stopped"]
         if raw.get("count_exact") is False:
@@ -146,6 +147,14 @@ class ExportSummary:
         return f"{text}; {self.total_skipped} skipped: " + "; ".join(parts)
 
 
+def printable(name: str) -> str:
+    """A sandbox-chosen name made safe for logs and terminals: bounded, no control bytes."""
+    name = name[:EXAMPLE_CHARS]
+    if name.isprintable():
+        return name
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in name)
+
+
 class ExportedFiles(list[Path]):
     """The host paths written by copy_out, plus what was skipped and why.
 
@@ -161,7 +170,7 @@ class ExportedFiles(list[Path]):
     def skip(self, reason: str, name: str, why: str | None = None) -> None:
         self.summary.add(reason, name)
         if len(self.skipped) < SKIPPED_SAMPLE:
-            self.skipped.append((name, why or REASONS[reason]))
+            self.skipped.append((name, printable(why) if why else REASONS[reason]))
 
 
 def _info(
@@ -195,7 +204,9 @@ def open_checked(path: str, st: os.stat_result, real_root: str) -> IO[bytes]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise ValueError(f"copy_in: {path} changed while it was being copied ({exc.strerror})") from None
+        raise ValueError(
+            f"copy_in: {path} changed while it was being copied ({exc.strerror})"
+        ) from None
     try:
         now = os.fstat(fd)
         if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):

@@ -10,11 +10,14 @@ broken infrastructure (`SandboxError`: retry the episode elsewhere).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-NetworkPolicy = Literal["none", "bridge", "host"]
+if TYPE_CHECKING:
+    from sandbox.archive import ExportedFiles  # a list[Path] with .skipped and .summary
+
+NetworkPolicy = Literal["none", "bridge", "host", "allowlist", "open"]
 BackendName = Literal["docker", "bwrap"]
 
 
@@ -48,7 +51,29 @@ class SandboxLimits(BaseModel):
     exec_timeout_s: float = Field(120.0, gt=0, description="default per-command timeout")
     output_cap_bytes: int = Field(32_000, ge=256, description="per stream; head and tail kept")
     network: NetworkPolicy = "none"
+    egress_allow: tuple[str, ...] = Field(
+        (), description="network 'allowlist': DEST[:PORTS] entries the egress proxy may reach "
+        "(sandbox/netpolicy.py: names, *.domains, IPs/CIDRs)"
+    )
+    egress_hosts: tuple[str, ...] = Field(
+        (), description="NAME=ADDRESS lines for the egress proxy's resolver (local listeners)"
+    )
     tmp_size_mb: int = Field(1024, ge=16, description="size bound of writable scratch space")
+
+    @model_validator(mode="after")
+    def _check_egress(self) -> SandboxLimits:
+        """An allowlist that cannot be understood fails here, naming the entry."""
+        if self.network in ("allowlist", "open"):
+            from sandbox.netpolicy import EgressPolicy, PolicyError, parse_hosts
+
+            try:
+                EgressPolicy.build(self.network, self.egress_allow)
+                parse_hosts(self.egress_hosts)
+            except PolicyError as e:
+                raise ValueError(str(e)) from None
+        elif self.egress_allow:
+            raise ValueError(f"egress_allow is set but network is {self.network!r} (use 'allowlist')")
+        return self
 
 
 class SandboxConfig(BaseModel):
@@ -63,6 +88,14 @@ class SandboxConfig(BaseModel):
     workdir: str = "/testbed"
     env: dict[str, str] = Field(default_factory=dict)
     docker_host: str | None = None  # e.g. ssh://user@gpu-box or tcp://host:2376
+    reuse: Literal["pool", "fresh"] = Field(
+        "pool",
+        description="sandbox.acquire(): a reset sandbox from this process's warm pool, or a "
+        "fresh one per episode (docs/sandbox.md, 'Warm pool')",
+    )
+    max_episodes_per_sandbox: int = Field(
+        100, ge=1, description="a pooled sandbox is replaced after this"
+    )
 
 
 class SandboxError(RuntimeError):
@@ -94,7 +127,7 @@ class Sandbox(Protocol):
 
     def copy_in(self, host_dir: Path | str, dest: str) -> None: ...
 
-    def copy_out(self, src: str, host_dir: Path | str) -> list[Path]: ...
+    def copy_out(self, src: str, host_dir: Path | str) -> ExportedFiles: ...
 
     def close(self) -> None: ...
 

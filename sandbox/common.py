@@ -381,6 +381,41 @@ class HelperSandbox(ABC):
                 return root
         return "/"
 
+    # ------------------------------------------------------------------ reuse (sandbox/pool.py)
+    def reset(self) -> list[str]:
+        """Return the sandbox to its boot state and say what could not be proven (empty: clean).
+
+        The helper kills every process but itself, wipes every writable place as the
+        sandbox user, removes IPC objects, starts a new shell and compares the result with
+        the snapshot it took at boot. Whatever it answers is bounded here (it came out of a
+        sandbox); a broken channel removes the sandbox and is reported as a failure.
+        """
+        if self._closed or self._expired:
+            return ["the sandbox is closed"]
+        check_net = self.config.limits.network != "host"  # the host's sockets are not ours
+        try:
+            header, _ = self._helper_call({"op": "reset", "check_net": check_net})
+        except (SandboxError, OSError) as e:
+            return [f"reset failed: {str(e)[:200]}"]
+        failed = header.get("failed")
+        if header.get("ok") is True and failed == []:
+            return []
+        if not isinstance(failed, list) or not failed:
+            return ["the helper's reset answer was malformed"]
+        return [str(item)[:200] for item in failed[:10]]
+
+    def begin_episode(self, config: SandboxConfig) -> None:
+        """Hand a pooled sandbox to the next episode: its ids, its own wall clock.
+
+        `config` must match the pool's key (same image, limits but the wall clock, workdir,
+        env); the pool checks that before calling.
+        """
+        self.config = config
+        wall = config.limits.wall_clock_s
+        self._expired = False
+        self._expires_at = time.monotonic() + wall if wall else None
+        self._helper_call({"op": "lifetime", "s": wall + 5.0 if wall else 0})
+
     # ------------------------------------------------------------------ lifecycle
     def kill(self) -> None:
         """Remove the sandbox now; safe from signal handlers and other threads."""

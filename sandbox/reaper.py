@@ -82,23 +82,37 @@ def _package_root() -> str:
 
 
 def _owner_alive(pid: int, start: str) -> bool:
-    from sandbox import labels as L
-
-    now = L.process_start(pid)
-    return now is not None and (not start or now == start)
+    """The owner runs: its pid exists with the same start time and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    if fields[0] in (b"Z", b"X"):  # killed, not yet reaped by its parent
+        return False
+    return not start or fields[19].decode() == start
 
 
 def wait_for_owner(pid: int, start: str) -> None:
-    """Block until the owner is gone: its pipe ends (or, polled, its pid is gone/reused)."""
+    """Block until the owner is gone: its pipe ends (or, polled, its pid is gone/reused).
+
+    The pipe ending is taken as death only once the pid agrees: an owner that closed the
+    descriptor by accident (a closerange of its own) must not lose its live sandboxes.
+    """
+    pipe_open = True
     while True:
-        r, _, _ = select.select([0], [], [], POLL_S)
-        if r:
-            try:
-                if not os.read(0, 4096):
-                    return
-            except OSError:
-                return
-        elif not _owner_alive(pid, start):
+        if pipe_open:
+            r, _, _ = select.select([0], [], [], POLL_S)
+            if r:
+                try:
+                    pipe_open = bool(os.read(0, 4096))
+                except OSError:
+                    pipe_open = False
+                if pipe_open:
+                    continue
+        else:
+            time.sleep(POLL_S / 10)
+        if not _owner_alive(pid, start):
             return
 
 

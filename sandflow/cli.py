@@ -7,6 +7,7 @@ group (the libraries below have no CLI of their own):
     commands/sql.py        sql, warehouse ...          (warehouse/)
     commands/pipeline.py   bench, flows ...            (flows/, analysis/)
     commands/rl.py         rl ...                      (rl/)
+    commands/compare.py    compare                     (analysis/, warehouse/)
     viewer/cli.py          view                        (the web viewer, sandflow/viewer/)
 
 Command modules import their heavy dependencies (docker, prefect, duckdb) inside the
@@ -32,9 +33,9 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from sandflow.commands import episode, pipeline, rl, sandbox, sql, tasksets
+    from sandflow.commands import compare, episode, pipeline, rl, sandbox, sql, tasksets
 
-    for module in (sandbox, episode, sql, tasksets, pipeline, rl):
+    for module in (sandbox, episode, sql, tasksets, pipeline, rl, compare):
         module.register(app)
 
 

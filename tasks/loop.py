@@ -253,6 +253,8 @@ class SteppedEpisode:
                 self._owned = self._sandbox = _open_sandbox(cfg)
             self._ep._place_inputs(self._sandbox)
             self._toolbox = ToolBox(self._sandbox, self.limits.max_observation_chars)
+            if self.limits.wall_clock_s:  # as run_sandbox: opening the sandbox is not the policy's time
+                self._ep.deadline = time.monotonic() + self.limits.wall_clock_s
         except _End as end:
             self._ep.end(end, self._sandbox)
         except BaseException:

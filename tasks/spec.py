@@ -68,6 +68,9 @@ class RunSpec(BaseModel):
     retries: int = Field(2, description="retries of an episode after an infrastructure failure")
     durability: str = "turn"
     compact: bool = Field(True, description="merge the run's files at its end")
+    wait_for_lock: bool | float = Field(
+        False, description="another process runs this run id: wait (True, or seconds) instead of refusing"
+    )
     series: str | None = Field(
         None, description="the series this run continues (its report compares with the previous run)"
     )

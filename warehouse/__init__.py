@@ -74,6 +74,7 @@ _EXPORTS = {
     "connect": "warehouse.query",
     "RunNotFound": "warehouse.query",
     "Orphan": "warehouse.recovery",
+    "RunLocked": "warehouse.runlock",
     "RunData": "warehouse.rundata",
     "Score": "warehouse.rundata",
     "SCHEMA_VERSION": "warehouse.schema",
@@ -98,6 +99,7 @@ if TYPE_CHECKING:
     )
     from warehouse.recovery import Orphan
     from warehouse.rundata import RunData, Score
+    from warehouse.runlock import RunLocked
     from warehouse.schema import SCHEMA_VERSION, TABLES, schema_for
     from warehouse.store import Warehouse
     from warehouse.writer import EpisodeWriter
@@ -118,6 +120,7 @@ __all__ = [
     "Orphan",
     "RecordError",
     "RunData",
+    "RunLocked",
     "RunNotFound",
     "Score",
     "SCHEMA_VERSION",

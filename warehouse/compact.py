@@ -119,6 +119,24 @@ def _plan(table: str, infos: list[FileInfo], kept: dict[str, str]) -> str:
     return f"SELECT * FROM ({src}) s {_DEDUP[table]} ORDER BY {ORDER_BY[table]}"
 
 
+def remove_dead_temps(layout: Layout, run_id: str) -> list[Path]:
+    """Delete what writers of `run_id` killed mid-write left (the run flow calls it at its
+    start, under the run's lock). DuckDB's compaction temporaries go too when no compaction
+    of the run is running (its lock is free); otherwise the next compaction removes them."""
+    lock_dir = layout.journal_dir(run_id)
+    if not lock_dir.is_dir() and not any(
+        layout.part_dir(t, run_id).is_dir() for t in COMPACT_TABLES
+    ):
+        return []
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / ".compact.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a compaction is at work: leave its files to it
+            return layout.remove_dead_temps(run_id, compaction_locked=False)
+        return layout.remove_dead_temps(run_id, compaction_locked=True)
+
+
 def compact_run(
     layout: Layout, run_id: str, *, memory_limit: str = "2GB", threads: int | None = None
 ) -> CompactionResult:
@@ -227,7 +245,9 @@ def _merge(
     try:
         ((count,),) = con.execute(
             f"COPY ({select}) TO '{tmp}' (FORMAT parquet, COMPRESSION zstd, "
-            f"ROW_GROUP_SIZE 122880, {meta})"
+            # Row groups of at most ~16 MB: reading one episode's turns (the viewer's episode
+            # page) decompresses one row group's text, ~0.1 s instead of ~1 s at 122,880 rows.
+            f"ROW_GROUP_SIZE 122880, ROW_GROUP_SIZE_BYTES '16MB', {meta})"
         ).fetchall()
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())

@@ -123,12 +123,12 @@ def _statement_kinds(query: str) -> list[str]:
     for st in statements:
         kind = st.type.name
         if kind == "EXPLAIN":
-            kind = _explained_kind(st.query)
+            kind = explained_kind(st.query)
         kinds.append(kind)
     return kinds
 
 
-def _explained_kind(text: str) -> str:
+def explained_kind(text: str) -> str:
     """The type of the statement an EXPLAIN [ANALYZE] runs (EXPLAIN ANALYZE executes it).
 
     DuckDB's tokenizer marks keyword positions; the first suffix after the EXPLAIN keyword
@@ -142,7 +142,7 @@ def _explained_kind(text: str) -> str:
             continue
         if len(inner) == 1:
             kind = inner[0].type.name
-            return _explained_kind(inner[0].query) if kind == "EXPLAIN" else kind
+            return explained_kind(inner[0].query) if kind == "EXPLAIN" else kind
     return "EXPLAIN"  # nothing else parses: a plain EXPLAIN of what DuckDB will reject
 
 
@@ -757,7 +757,7 @@ class WarehouseQuery:
         """After a DuckDB error that may come from a file's bytes: find the file(s) whose
         data pages do not decode among `files` (default: the snapshot's), so the next build
         leaves them out (validate's cache marks them bad). True if any was found."""
-        if isinstance(exc, _NOT_DATA_ERRORS):
+        if isinstance(exc, _NOT_DATA_ERRORS) or "configuration has been locked" in str(exc):
             return False
         if files is None:
             infos = {t: [f.path for f in fs] for t, fs in self.snapshot.files.items()}

@@ -345,9 +345,10 @@ def read_series(root: Path | str, run_id: str, *, last: int = 14) -> SeriesData:
 
 
 # Bounds on what a report embeds of a trajectory (model output is untrusted and unbounded).
-MAX_TURNS = 60
-MAX_TEXT = 3000
-MAX_OBSERVATION = 2000
+MAX_TURNS = 30
+MAX_TEXT = 2000
+MAX_OBSERVATION = 1500
+MAX_CALLS = 4  # tool calls (and observations) shown per turn
 
 
 def read_trajectories(
@@ -378,9 +379,9 @@ def read_trajectories(
                 SELECT episode_id, turn_index,
                        left(assistant_content, {MAX_TEXT}) AS assistant_content,
                        left(reasoning_content, {MAX_TEXT}) AS reasoning_content,
-                       list_transform(tool_calls, lambda c: {{'name': left(c.name, 100),
+                       list_transform(tool_calls[1:{MAX_CALLS}], lambda c: {{'name': left(c.name, 100),
                            'arguments': left(c.arguments, {MAX_TEXT})}}) AS tool_calls,
-                       list_transform(observations, lambda o: {{'content': left(o.content, {MAX_OBSERVATION}),
+                       list_transform(observations[1:{MAX_CALLS}], lambda o: {{'content': left(o.content, {MAX_OBSERVATION}),
                            'exit_code': o.exit_code, 'timed_out': o.timed_out,
                            'error': left(o.error, 500)}}) AS observations
                 FROM turns WHERE episode_id IN {sel} AND turn_index < {int(max_turns)}
@@ -394,3 +395,16 @@ def read_trajectories(
             e["turns"] = by_ep.get(e["episode_id"], [])
             out[(run, e["episode_id"])] = e
     return out
+
+
+def read_outcomes(
+    root: Path | str, run_ids: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(runs rows, episode_outcomes rows) of the given runs, for an ad-hoc comparison."""
+    from warehouse.query import WarehouseQuery
+
+    with WarehouseQuery(root, tables=("runs", "episodes", "scores")) as q:
+        sel = _in(list(run_ids))
+        runs = q.arrow(f"SELECT * FROM runs WHERE run_id IN {sel}").to_pylist()
+        outcomes = q.arrow(f"SELECT * FROM episode_outcomes WHERE run_id IN {sel}").to_pylist()
+    return runs, outcomes

@@ -109,6 +109,19 @@ class Warehouse:
         """Commit orphans as termination='interrupted' (or discard them)."""
         return recover_orphans(self.layout, run_id, action)
 
+    def hold_run(self, run_id: str, *, wait: bool | float = False) -> Any:
+        """The run's lock (warehouse/runlock.py): one writing process per run id. A context
+        manager; raises RunLocked naming the holder when another process has it."""
+        from warehouse.runlock import hold_run
+
+        return hold_run(self.layout, check_run_id(run_id), wait=wait)
+
+    def remove_dead_temps(self, run_id: str) -> list[Path]:
+        """Delete what writers of `run_id` killed mid-write left (call under the run's lock)."""
+        from warehouse.compact import remove_dead_temps
+
+        return remove_dead_temps(self.layout, check_run_id(run_id))
+
     # ---- maintenance -----------------------------------------------------------------
     def compact(self, run_id: str, *, settle_s: float = 0.0, **kwargs: Any) -> CompactionResult:
         """Merge the run's files into one per table (atomic, idempotent).

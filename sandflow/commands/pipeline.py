@@ -229,6 +229,44 @@ def _runner(kind: str, concurrency: int, dask_address: str | None) -> Any:
     return make_task_runner(kind, concurrency, dask_address)
 
 
+_WAIT = typer.Option(
+    False,
+    "--wait",
+    help="If another process is running this --run-id, wait for it to end instead of "
+    "refusing (one run id has one writer).",
+)
+
+
+def _check_run_free(warehouse: str, run_id: str | None, wait: bool) -> None:
+    """Before Prefect starts: refuse at once (or say that we wait) when another process
+    holds this run id. The run flow takes the lock for real (flows.run.hold_run)."""
+    if not run_id:
+        return
+    from warehouse.layout import Layout
+    from warehouse.runlock import RunLock, RunLocked, shared_lock_warning
+
+    try:
+        lock = RunLock(Layout(warehouse), run_id)
+    except ValueError:
+        return  # an invalid run id: the run flow says what is wrong with it
+    if not lock.path.exists():
+        return
+    warning = shared_lock_warning(lock.path.parent)
+    if warning:
+        _console().print(f"[yellow]warning:[/] {warning}")
+    try:
+        lock.acquire(wait=False, record=False)
+        lock.release()
+    except RunLocked as exc:
+        if not wait:
+            _fail(str(exc))
+        who = exc.holder.describe() if exc.holder else "another process"
+        _console().print(
+            f"[yellow]waiting:[/] run {run_id} is being run by {who}; this one starts when it "
+            "ends (Ctrl+C stops waiting)."
+        )
+
+
 def _sql_hints(run_id: str, warehouse: str) -> list[str]:
     from warehouse import DEFAULT_ROOT
 
@@ -282,6 +320,7 @@ def bench(
         "significantly since the previous run of the series (Holm-adjusted exact test, --alpha).",
     ),
     alpha: float = typer.Option(0.05, "--alpha", min=0.0001, max=0.5, help="Significance level of the nightly comparison."),
+    wait: bool = _WAIT,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs."),
 ) -> None:
     """The nightly benchmark, now: prepare -> run (both modes) -> score -> usage -> tokens
@@ -321,6 +360,7 @@ def bench(
         f"concurrency={concurrency} max_steps={max_steps} model=[cyan]{s.model or '(embedded)'}[/] "
         f"endpoint={s.base_url or '(embedded, started now)'} warehouse={s.warehouse}"
     )
+    _check_run_free(str(s.warehouse), run_id, wait)
     from analysis.nightly_report import RegressionFound
     from flows.nightly import benchmark_flow
     from tasks.spec import RunSpec
@@ -342,6 +382,7 @@ def bench(
         run_id=run_id,
         network=s.network,
         series=series,
+        wait_for_lock=wait,
     )
     regression: RegressionFound | None = None
     with RichEpisodeProgress("episodes", console=console):
@@ -461,9 +502,14 @@ def cmd_run(
     compact: bool = typer.Option(
         True, "--compact/--no-compact", help="Merge the run's per-episode files at its end (fast SQL)."
     ),
+    wait: bool = _WAIT,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
-    """Run episodes (resumable): a task set x a model x mode x samples."""
+    """Run episodes (resumable): a task set x a model x mode x samples.
+
+    One process per run id: a second `run --run-id R` while R runs is refused with the
+    holder's pid, host and start time (or waits for it with --wait).
+    """
     _isolate_from_terminal_signals()
     _quiet_prefect(verbose)
     from flows.run import run_flow
@@ -471,6 +517,7 @@ def cmd_run(
     from tasks.spec import RunSpec
 
     s = _settings(model=model, base_url=base_url, warehouse=warehouse)
+    _check_run_free(str(s.warehouse), run_id, wait)
     spec = RunSpec(
         task_set=task_set,
         model=s.model,
@@ -493,6 +540,7 @@ def cmd_run(
         logprobs=logprobs,
         return_token_ids=token_ids,
         compact=compact,
+        wait_for_lock=wait,
     )
     runner = _runner(task_runner, concurrency, dask_address)
     with RichEpisodeProgress("episodes", console=_console()):
@@ -609,13 +657,19 @@ def cmd_report(
     out_dir: str = typer.Option(None, "--out", "-o", help="Default: <warehouse>/reports/<run_id>."),
     warehouse: str = _WAREHOUSE,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
-) -> None:
+    viewer_url: str = typer.Option(
+        "http://127.0.0.1:8765", "--viewer-url", envvar="SANDFLOW_VIEWER_URL",
+        help="Base URL of `sandflow view`: the tables link to their episodes there ('' for none).",
+    ),
+) -> None:  # fmt: skip
     """Write report.html (self-contained, plots inline) and report.md; publish artifacts."""
     _quiet_prefect(verbose)
     from flows.report import report_flow
 
     s = _settings(warehouse=warehouse)
-    r = _guard(report_flow, run_id=run_id, warehouse=str(s.warehouse), out_dir=out_dir)
+    r = _guard(
+        report_flow, run_id=run_id, warehouse=str(s.warehouse), out_dir=out_dir, viewer_url=viewer_url
+    )
     _console().print(f"report: [cyan]{r['html']}[/]\nmarkdown: {r['markdown']}")
 
 

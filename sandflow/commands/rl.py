@@ -28,7 +28,9 @@ def serve(
         "--host",
         help="Interface to bind; anything but loopback exposes the sandboxes.",
     ),
-    port: int = typer.Option(8765, "--port", "-p", min=1, max=65535, help="TCP port."),
+    port: int = typer.Option(
+        8770, "--port", "-p", min=1, max=65535, help="TCP port (sandflow view uses 8765)."
+    ),
     max_concurrency: int = typer.Option(
         64,
         "--max-concurrency",

@@ -375,6 +375,10 @@ def create_app(lw: LiveWarehouse, *, allowed_hosts: list[str] | None = None) -> 
 
         return page("sql.html.j2", request, build)
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return Response(status_code=204)
+
     @app.get("/healthz")
     def healthz() -> JSONResponse:
         lw.touch()

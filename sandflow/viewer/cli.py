@@ -25,7 +25,7 @@ their episodes. A run that is recording updates live.
   sandflow view --warehouse /data/wh --port 9000
   sandflow view --host 0.0.0.0 --allow-host gpu-box.lan   # reachable from other machines
 
-The report's tables (report.html) link into it: `sandflow flows report RUN --viewer-url URL`.
+The report's tables (report.html) link into it: `sandflow flows report -r RUN --viewer-url URL`.
 """
 
 
@@ -81,6 +81,12 @@ def register(app: typer.Typer) -> None:
         if not _is_loopback(host):
             if not allow_host:
                 allowed.append(host)
+                if host in ("0.0.0.0", "::"):
+                    err.print(
+                        "[yellow]note:[/yellow] requests must name this machine as the browser "
+                        "sees it: pass --allow-host NAME (the host name or address in the URL), "
+                        "or --allow-host '*'."
+                    )
             err.print(
                 f"[yellow]warning:[/yellow] listening on {host}: anyone who can reach it can read "
                 "every trajectory in this warehouse (the viewer has no login)."

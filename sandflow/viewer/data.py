@@ -207,7 +207,11 @@ def run_info(lw: LiveWarehouse, run_id: str) -> dict[str, Any] | None:
     n_live = int(live["n"]) if live else 0
     if row is None and n_eps == 0 and n_live == 0:
         return None
-    info: dict[str, Any] = dict(row or {"run_id": run_id, "status": None})
+    info: dict[str, Any] = {  # a run recorded without a runs row still has a page
+        "run_id": run_id, "status": None, "model": None, "dataset": None,
+        "started_at": None, "ended_at": None, "config": None,
+    }  # fmt: skip
+    info.update(row or {})
     info.update(
         episodes=n_eps,
         infra_failures=counts["infra_failures"] if counts else 0,

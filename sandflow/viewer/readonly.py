@@ -16,6 +16,7 @@ must not be reconfigured. Two locks, because either alone leaves a hole:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import duckdb
@@ -70,6 +71,13 @@ def check_read_only(sql: str) -> str:
             "single SELECT"
         )
     kind = statements[0].type
+    if kind == duckdb.StatementType.EXPLAIN and _explained(statements[0].query) != "SELECT":
+        # EXPLAIN ANALYZE runs what it explains: `EXPLAIN ANALYZE COPY ... TO
+        # '<warehouse>/turns/...'` would plant a file in the warehouse
+        raise WarehouseQueryError(
+            "the viewer is read-only: only a SELECT may be explained (EXPLAIN ANALYZE runs "
+            "the statement it explains)"
+        )
     if kind not in ALLOWED_STATEMENTS:
         name = getattr(kind, "name", str(kind))
         raise WarehouseQueryError(
@@ -77,3 +85,21 @@ def check_read_only(sql: str) -> str:
             "(and EXPLAIN). Export with `sandflow sql ... --format parquet --output FILE`."
         )
     return text
+
+
+_EXPLAIN = re.compile(r"^\s*explain(\s+analy[sz]e)?\b", re.IGNORECASE)
+
+
+def _explained(query: str, depth: int = 0) -> str:
+    """The type of the statement an EXPLAIN [ANALYZE] explains (EXPLAIN ANALYZE runs it)."""
+    inner = _EXPLAIN.sub("", query, count=1).strip().rstrip(";")
+    try:
+        found = duckdb.extract_statements(inner)
+    except duckdb.Error:
+        return "?"
+    if len(found) != 1 or depth > 3:
+        return "?"
+    st = found[0]
+    if st.type == duckdb.StatementType.EXPLAIN:
+        return _explained(st.query, depth + 1)
+    return str(getattr(st.type, "name", st.type))

@@ -251,3 +251,38 @@ def test_single_domain_overall_row_shares_its_domain_test(tmp_path: Path) -> Non
         assert r["test"] == "mcnemar-exact" and r["p_value"] == pytest.approx(2 * 11 / 1024)
         assert r["p_adjusted"] == pytest.approx(2 * 11 / 1024) and r["change"] == "down"
         assert r["tasks_down"] == tasks[:9] and r["tasks_up"] == ["t11"]
+
+
+def test_compare_any_two_runs_from_the_cli(
+    nights: tuple[Path, list[NightPlan], list[NightPlan]], tmp_path: Path
+) -> None:
+    import json
+
+    from sandflow.cli import app
+
+    root, series, _ = nights
+    plan = {n.run_id: n for n in series}
+    res = CliRunner().invoke(
+        app, ["compare", "n3", "n4", "-w", str(root), "--json", "--fail-on-regression"]
+    )
+    assert res.exit_code == 3, res.output  # the planted drop
+    rows = {(r["domain"], r["mode"]): r for r in json.loads(res.output)["rows"]}
+    py = {
+        (c.domain, c.mode): c.row()
+        for c in cmp.compare_runs(plan["n3"].outcome_list(), plan["n4"].outcome_list())
+    }
+    assert rows == {k: json.loads(json.dumps(v)) for k, v in py.items()}
+    assert rows[("math", "llm")]["significant"] and rows[("math", "llm")]["down"] == 8
+    # one run: sandbox vs LLM mode; its table prints
+    res = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["compare", "n1", "-w", str(root)])
+    assert res.exit_code == 0 and "sandbox vs LLM mode of n1" in res.output, res.output
+    # another task set: refused, naming both hashes
+    other = NightPlan("other-set", 9, {("llm", "t0", 0): 1.0}, DOMAINS, dataset_hash="hash-b")
+    write_night(tmp_path, other)
+    write_night(tmp_path, NightPlan("base", 8, {("llm", "t0", 0): 1.0}, DOMAINS))
+    res = CliRunner().invoke(app, ["compare", "base", "other-set", "-w", str(tmp_path)])
+    assert res.exit_code == 1 and "different task sets" in res.output and "hash-b" in res.output, (
+        res.output
+    )
+    res = CliRunner().invoke(app, ["compare", "base", "nope", "-w", str(tmp_path)])
+    assert res.exit_code == 1 and "'nope' has no episodes" in res.output, res.output

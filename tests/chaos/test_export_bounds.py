@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 def _open(backend: str, run_id: str, **limits: Any) -> Any:
     lim = {"memory_mb": 512, "pids": 256, "tmp_size_mb": 256, **limits}
-    return open_sandbox(SandboxConfig(backend=backend, run_id=run_id, limits=SandboxLimits(**lim)))  # type: ignore[arg-type]
+    return open_sandbox(SandboxConfig(backend=backend, run_id=run_id, limits=SandboxLimits(**lim)))
 
 
 def _make(sb: Any, python: str) -> None:
@@ -74,12 +75,13 @@ def test_directories_count_against_the_entry_cap(
     assert (written, dirs) == (1, 1999) and (tmp_path / "export" / "answer.txt").read_text() == "42"
     s = files.summary
     assert (s.files, s.dirs) == (1, 1999)
-    assert s.skipped == {"over_count": 30001 - 2000} and s.count_exact and s.stopped == "count"
+    # Exact at the capped folder's level; a loaded host may run out of the 1 s it gives
+    # itself to look into the 28,001 folders left out (count_exact False, shown as "+").
+    assert s.skipped == {"over_count": 30001 - 2000} and s.stopped == "count"
     assert s.examples["over_count"][0] == "output/d01999"
     warnings = _copy_out_warnings(caplog)
-    assert len(warnings) == 1 and "28001 over the entry-count limit of 2000" in warnings[0], (
-        warnings
-    )
+    assert len(warnings) == 1, warnings
+    assert re.search(r"28001\+? over the entry-count limit of 2000", warnings[0]), warnings
 
 
 def test_export_stops_at_its_time_bound_and_says_what_it_left(
@@ -138,8 +140,10 @@ def test_700mb_output_streams_within_the_sandbox_memory_limit(
 def test_200000_files_one_summary_on_the_episode(
     backend: str, tmp_path: Path, test_run_id: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Through a real episode: the export stops at the default cap (count, not time), the
-    record carries one structured summary, and one warning is logged, not 100,000."""
+    """Through a real episode: the export stops at the default caps (the count, or the 60 s
+    time bound when the host writes files slowly: a loaded host creates ~2,000/s), the record
+    carries one structured summary that accounts for every entry, and one warning is logged,
+    not 100,000."""
     from tests.chaos.test_sandbox_abuse import _abuse
 
     caplog.set_level(logging.WARNING, "sandflow.sandbox")
@@ -151,10 +155,16 @@ def test_200000_files_one_summary_on_the_episode(
     result = _abuse(backend, [make], tmp_path, rid, timeout_s=300, memory_mb=1024, tmp_size_mb=512)
     summary = result.record.output_export
     assert summary is not None
-    assert summary["files"] == 100_000 and summary["stopped"] == "count", summary
-    assert summary["skipped"] == {"over_count": 100_001} and summary["count_exact"], summary
-    assert len(summary["examples"]["over_count"]) == 5
+    skipped = summary["skipped"]
+    assert summary["stopped"] in ("count", "time") and set(skipped) <= {"over_count", "time_limit"}
+    if summary["stopped"] == "count":
+        assert summary["files"] == 100_000 and skipped == {"over_count": 100_001}, summary
+    if summary["count_exact"]:  # every one of the 200,001 entries is accounted for
+        assert summary["files"] + summary["skipped_total"] == 200_001, summary
+    assert 0 < summary["files"] <= 100_000 and summary["seconds"] <= 60 + 5, summary
+    reason = "over_count" if summary["stopped"] == "count" else "time_limit"
+    assert len(summary["examples"][reason]) == 5
     assert result.record.answer == "42"
     assert len(_copy_out_warnings(caplog)) == 1
     stored = query(tmp_path / "wh", f"SELECT output_export FROM episodes WHERE run_id = '{rid}'")
-    assert json.loads(stored[0][0])["skipped"] == {"over_count": 100_001}
+    assert json.loads(stored[0][0]) == summary

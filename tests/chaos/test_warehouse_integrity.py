@@ -353,3 +353,31 @@ def test_allow_host_files_is_the_users_explicit_choice(tmp_path: Path) -> None:
         assert q.rows(f"SELECT label FROM read_csv('{labels}')") == [("easy",)]
     r = _cli("sql", "--help")
     assert "--allow-host-files" in r.output and "read-only" in r.output.lower()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO '{target}'",
+        "EXPLAIN (ANALYZE) COPY (SELECT 1 AS x) TO '{target}'",
+        "EXPLAIN ANALYZE DROP VIEW turns",
+    ],
+)
+def test_viewer_sql_box_cannot_explain_analyze_a_write(tmp_path: Path, sql: str) -> None:
+    """The viewer's SQL box (web-facing): EXPLAIN ANALYZE runs what it explains."""
+    from sandflow.viewer.store import LiveWarehouse
+    from warehouse.query import WarehouseQueryError
+
+    root = tmp_path / "wh"
+    _warehouse(root, n=1, turns=2)
+    target = root / "turns" / "run_id=r1" / "forged.parquet"
+    live = LiveWarehouse(root)
+    live.open()
+    try:
+        with pytest.raises(WarehouseQueryError, match="read-only"):
+            live.user_sql(sql.format(target=target), limit=10)
+        assert live.user_sql("EXPLAIN ANALYZE SELECT count(*) FROM turns", limit=10).rows
+        assert live.user_sql("SELECT count(*) AS n FROM turns", limit=10).rows == [{"n": 2}]
+    finally:
+        live.close()
+    assert not target.exists(), "a file was planted in the warehouse through the viewer"

@@ -87,6 +87,13 @@ def test_raw_text_and_openai_turns_reward_and_warehouse_tags(tmp_path: Path) -> 
     assert (ep["training_run"], ep["training_step"], ep["policy_version"]) == ("grpo-7", 12, "v12")
     assert ep["termination"] == "submitted" and ep["answer"] == "42" and ep["num_turns"] == 3
     assert ep["model"] == "qwen-test" and ep["token_ids_status"] == "missing"
+    from warehouse.store import Warehouse
+
+    with Warehouse(tmp_path).query(run_id=run_id) as q:
+        assert q.rows("SELECT score, verifier FROM scores") == [(1.0, "exact")]
+        assert q.rows(
+            "SELECT training_run, training_step, episodes, mean_reward, avg_turns FROM rl_steps"
+        ) == [("grpo-7", 12, 1, 1.0, 3.0)]
     turns = read_turns(tmp_path, run_id)
     assert turns[0]["assistant_content"] == text  # the text exactly as generated
     assert [c["name"] for c in turns[0]["tool_calls"]] == ["execute_bash", "execute_bash"]
@@ -180,4 +187,19 @@ def test_bad_actions_and_rows_are_clear_errors() -> None:
         env.step("x", completion_token_ids=[1, 2], logprobs=[0.0])
     out = env.step(hermes("submit", {}))
     assert out.done
+    env.close()
+
+
+def test_wall_clock_counts_the_policys_time_between_steps() -> None:
+    import time
+
+    env = SandboxEnv(
+        sandbox=sandbox_cfg(), limits=Limits(wall_clock_s=1.0), run_id=new_run_id("env-clock")
+    )
+    env.reset(math_task())  # opening the sandbox is not the policy's time
+    out = env.step(hermes("execute_bash", {"command": "true"}))
+    assert not out.done
+    time.sleep(1.2)  # the trainer generates slowly
+    out = env.step(hermes("execute_bash", {"command": "echo late"}))
+    assert out.done and out.info["termination"] == "wall_clock"
     env.close()

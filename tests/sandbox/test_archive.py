@@ -73,3 +73,42 @@ def test_limits_bound_bytes_and_files(tmp_path: Path) -> None:
 def test_single_file_export_keeps_its_name(tmp_path: Path) -> None:
     files = safe_extract(_tar([(_info("answer.txt"), b"42")]), tmp_path, CopyLimits())
     assert files == [tmp_path / "answer.txt"] and (tmp_path / "answer.txt").read_bytes() == b"42"
+
+
+def test_every_entry_counts_and_implicit_parents_too(tmp_path: Path) -> None:
+    """Folders, links and the folders a deep name would create all spend the entry cap."""
+    deep = "/".join(f"p{i}" for i in range(50))
+    blob = _tar(
+        [(_info("top", tarfile.DIRTYPE), None)]
+        + [(_info(f"top/d{i}", tarfile.DIRTYPE), None) for i in range(5)]
+        + [(_info("top/link", tarfile.SYMTYPE, "/etc"), None)]
+        + [(_info(f"top/{deep}/f"), b"x")]
+    )
+    files = safe_extract(blob, tmp_path / "out", CopyLimits(max_files=10))
+    dirs = [p for p in (tmp_path / "out").rglob("*") if p.is_dir()]
+    assert len(dirs) <= 10 and list(files) == []
+    s = files.summary
+    assert s.dirs == 5 and s.skipped == {"symlink": 1, "over_count": 1}, s.as_dict()
+
+
+def test_a_forged_metadata_header_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    import pytest
+
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type = tarfile.XHDTYPE
+    info.size = 3_500_000_000
+    blob = info.tobuf(tarfile.USTAR_FORMAT) + b"\0" * 4096
+    with pytest.raises(tarfile.ReadError, match="metadata header of 3500000000 bytes"):
+        safe_extract(blob, tmp_path / "out", CopyLimits())
+
+
+def test_names_in_the_summary_cannot_drive_a_terminal(tmp_path: Path) -> None:
+    blob = _tar(
+        [
+            (_info("top", tarfile.DIRTYPE), None),
+            (_info("top/\x1b[2Jevil\n", tarfile.FIFOTYPE), None),
+        ]
+    )
+    files = safe_extract(blob, tmp_path / "out", CopyLimits())
+    assert files.summary.examples == {"fifo": ["top/\\x1b[2Jevil\\n"]}
+    assert "\x1b" not in files.summary.describe()

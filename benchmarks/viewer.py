@@ -1,0 +1,333 @@
+"""Viewer benchmark: `sandflow view` over a warehouse of a million turns.
+
+What it does (see benchmarks/README.md, section "viewer"):
+
+1. A warehouse of N turns (default 1,000,000: 10,000 episodes x 100 turns of ~2 KB real
+   text) recorded through the real `warehouse.EpisodeWriter` by benchmarks/warehouse.py's
+   generator, with a run row, one score per episode and one usage label per turn (as the
+   score and usage flows write them). `--warehouse PATH` reuses one (built there if missing).
+2. The real server: `sandflow view --warehouse ... --port P` as a subprocess; every page
+   is fetched over HTTP like a browser would: the runs list, a run's first page of
+   episodes (plain and filtered by domain + score + usage), an episode's first page of
+   turns, two episodes side by side, two runs compared, and a SQL box query. Each page
+   is fetched once cold (its first request) and then R times (p50).
+3. Floors in the same run: DuckDB reading the same rows straight from the Parquet files
+   (no views, no HTTP, no HTML): the first 50 episodes of the run, and one episode's
+   first 50 turns.
+
+Measured on the per-episode files (a run in progress) and again after `compact(run_id)`
+(a finished run). Ends with one JSON line; `first_page_s` is the slowest cold first page
+of the compacted warehouse (the target: under a second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.warehouse import (  # noqa: E402
+    DOMAINS,
+    RUN,
+    build_episode,
+    ingest_worker,
+    load_corpus,
+    split,
+)
+
+RUN_B = "bench-b"  # a second, small run: the same tasks, for the two-run comparisons
+CAPS = ("computation", "file_management", "external_resource", "none")
+log = lambda *x: print(*x, file=sys.stderr, flush=True)  # noqa: E731
+
+
+# ---- the warehouse ------------------------------------------------------------------
+def build(root: Path, turns: int, tpe: int, workers: int, turn_bytes: int, work: Path) -> None:
+    """Record the episodes as the agent loop would, then scores and usage labels."""
+    from tasks.records import episode_key
+    from warehouse import EpisodeWriter, Warehouse
+    from warehouse.schema import check_run_id
+
+    check_run_id(RUN)
+    n_eps = max(1, turns // tpe)
+    corpus = load_corpus()
+    corpus_path = work / "corpus.txt"
+    corpus_path.write_text(corpus, encoding="utf-8")
+    wh = Warehouse(root)
+    wh.write_run(RUN, model="bench-model", dataset="bench", config={"temperature": 0.7})
+    t = time.perf_counter()
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers) as pool:
+        pool.map(
+            ingest_worker,
+            [
+                (str(root), str(corpus_path), ks, tpe, turn_bytes, "flush", 0)
+                for ks in split(list(range(n_eps)), workers)
+            ],
+        )
+    log(f"recorded {n_eps} episodes x {tpe} turns in {time.perf_counter() - t:.0f}s")
+    wh.finish_run(RUN)
+    # a second, small run over the first tasks (other answers), for comparisons
+    wh.write_run(RUN_B, model="bench-model-b", dataset="bench")
+    w = EpisodeWriter(root, durability="flush")
+    for k in range(min(n_eps, 48)):
+        ep, recs = build_episode(corpus, k, min(tpe, 20), turn_bytes)
+        eid = episode_key(RUN_B, ep.task_id, ep.mode, 0)
+        ep = ep.model_copy(update={"run_id": RUN_B, "episode_id": eid, "answer": f"b{k}"})
+        recs = [r.model_copy(update={"run_id": RUN_B, "episode_id": ep.episode_id}) for r in recs]
+        w.start_episode(ep.model_copy(update={"termination": None, "ended_at": None}))
+        for r in recs:
+            w.record_turn(r)
+        w.finish_episode(ep)
+    w.close()
+    wh.finish_run(RUN_B)
+    for run in (RUN, RUN_B):
+        eps = wh.episodes(run).select(["episode_id", "domain", "num_turns"]).to_pylist()
+        for d in DOMAINS:
+            mine = [e for e in eps if e["domain"] == d]
+            wh.write_scores(
+                [
+                    {
+                        "run_id": run,
+                        "episode_id": e["episode_id"],
+                        "verifier": "exact",
+                        "score": float(int(e["episode_id"][:6], 16) % 3 == 0),
+                        "reason": "exact match"
+                        if int(e["episode_id"][:6], 16) % 3 == 0
+                        else "differs",
+                    }
+                    for e in mine
+                ]
+            )
+            wh.write_usage(
+                [
+                    {
+                        "run_id": run,
+                        "episode_id": e["episode_id"],
+                        "turn_index": i,
+                        "call_index": 0,
+                        "capability": CAPS[(int(e["episode_id"][:4], 16) + i) % len(CAPS)],
+                        "tool": "execute_bash",
+                        "detail": "grep -n ...",
+                    }
+                    for e in mine
+                    for i in range(e["num_turns"])
+                ]
+            )
+    log(f"warehouse ready at {root}")
+
+
+# ---- the server, over HTTP ------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> tuple[float, int, str]:
+    import httpx
+
+    t = time.perf_counter()
+    r = httpx.get(url, timeout=300, follow_redirects=False)
+    return time.perf_counter() - t, r.status_code, r.text
+
+
+def pick_episodes(root: Path) -> tuple[str, str, int]:
+    """Two episodes of one task in the middle of the run (sandbox and llm mode), and the
+    run's episode count."""
+    import duckdb
+
+    con = duckdb.connect()
+    files = str(root / "episodes" / f"run_id={RUN}" / "*.parquet")
+    (task,) = con.execute(
+        f"SELECT task_id FROM read_parquet('{files}') ORDER BY task_id LIMIT 1 OFFSET "
+        f"(SELECT count(*) // 2 FROM read_parquet('{files}'))"
+    ).fetchone()  # type: ignore[misc]
+    rows = dict(
+        con.execute(
+            f"SELECT mode, episode_id FROM read_parquet('{files}') WHERE task_id = ?", [task]
+        ).fetchall()
+    )
+    ((n,),) = con.execute(f"SELECT count(*) FROM read_parquet('{files}')").fetchall()
+    return rows["sandbox"], rows.get("llm", rows["sandbox"]), int(n)
+
+
+PAGES = {
+    # name: (path, a marker the page must contain)
+    "runs": ("/", 'data-testid="runs"'),
+    "episodes": (f"/runs/{RUN}", 'data-testid="episodes"'),
+    "episodes_filtered": (
+        f"/runs/{RUN}?domain=math&score=correct&usage=computation",
+        'data-testid="episodes"',
+    ),
+    "episodes_last_page": (f"/runs/{RUN}?page={{last}}", 'data-testid="episodes"'),
+    "episode": (f"/runs/{RUN}/episodes/{{a}}", 'data-testid="turns"'),
+    "episode_turns_50": (f"/runs/{RUN}/episodes/{{a}}?start=50", 'data-testid="turns"'),
+    "side_by_side": (f"/compare?a={RUN}/{{a}}&b={RUN}/{{b}}", 'data-testid="side-by-side"'),
+    "compare_runs": (f"/compare-runs?a={RUN}&b={RUN_B}", 'data-testid="pairs"'),
+    "sql": ("/sql?q=SELECT+*+FROM+accuracy", 'data-testid="sql-result"'),
+}
+FIRST_PAGES = ("runs", "episodes", "episode")  # what a user opens first, in that order
+
+
+def measure_server(root: Path, runs: int) -> dict[str, float]:
+    """Start `sandflow view`, fetch every page cold once, then `runs` times (p50)."""
+    a, b, n_eps = pick_episodes(root)
+    last = max(0, (n_eps - 1) // 50)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-c", "from sandflow.cli import main; main()", "view",
+           "--warehouse", str(root), "--port", str(port)]  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out: dict[str, float] = {}
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"sandflow view exited: {proc.stdout.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                _, code, _ = get(base + "/healthz")
+                if code == 200:
+                    break
+            except Exception:
+                time.sleep(0.1)
+        out["ready_s"] = time.perf_counter() - t0
+        for name, (path, marker) in PAGES.items():
+            url = base + path.format(a=a, b=b, last=last)
+            s, code, text = get(url)
+            if code != 200 or marker not in text:
+                raise SystemExit(f"{name}: HTTP {code}, marker {marker!r} missing: {text[:500]}")
+            out[f"{name}_cold_s"] = s
+            times = [get(url)[0] for _ in range(runs)]
+            out[f"{name}_p50_s"] = statistics.median(times)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return out
+
+
+# ---- floors: DuckDB straight on the files -------------------------------------------------
+def measure_floors(root: Path, runs: int) -> dict[str, float]:
+    import duckdb
+
+    a, _, _ = pick_episodes(root)
+    con = duckdb.connect()
+    eps = str(root / "episodes" / f"run_id={RUN}" / "*.parquet")
+    tdir = root / "turns" / f"run_id={RUN}"
+    own = sorted(tdir.glob(f"{a}.*.parquet"))
+    turns = [str(own[-1])] if own else [str(p) for p in tdir.glob("compacted-*.parquet")]
+    queries = {
+        "floor_episodes": (
+            f"SELECT episode_id, task_id, domain, mode, termination, num_turns, answer "
+            f"FROM read_parquet('{eps}') ORDER BY task_id, mode LIMIT 50",
+            [],
+        ),
+        "floor_turns": (
+            "SELECT turn_index, assistant_content, tool_calls, observations, prompt_tokens "
+            f"FROM read_parquet({turns}) WHERE episode_id = ? ORDER BY turn_index LIMIT 25",
+            [a],
+        ),
+    }
+    out = {}
+    for name, (sql, params) in queries.items():
+        times = []
+        for _ in range(runs + 1):
+            t = time.perf_counter()
+            con.execute(sql, params).fetchall()
+            times.append(time.perf_counter() - t)
+        out[f"{name}_p50_s"] = statistics.median(times[1:])
+    return out
+
+
+def compacted(root: Path) -> bool:
+    return (root / "turns" / f"run_id={RUN}" / "_compaction.json").exists()
+
+
+def measure(root: Path, runs: int, label: str) -> dict[str, float]:
+    log(f"[{label}] measuring pages over HTTP ...")
+    figs = measure_server(root, runs)
+    figs.update(measure_floors(root, runs))
+    figs["first_page_s"] = max(figs[f"{p}_cold_s"] for p in FIRST_PAGES)
+    for k, v in figs.items():
+        log(f"  {label} {k}: {v:.3f}")
+    return figs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--turns", type=int, default=1_000_000, help="turn rows (default 1,000,000)")
+    ap.add_argument("--turns-per-episode", type=int, default=100)
+    ap.add_argument("--turn-bytes", type=int, default=2048)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=5, help="warm fetches per page (p50)")
+    ap.add_argument(
+        "--warehouse", type=Path, default=None,
+        help="use this warehouse (built there first if missing; kept); compaction is measured on a hard-linked copy",
+    )  # fmt: skip
+    a = ap.parse_args()
+    from warehouse import Warehouse
+
+    work = Path(tempfile.mkdtemp(prefix="sandflow-bench-viewer-"))
+    try:
+        root = a.warehouse or work / "warehouse"
+        if not (root / "episodes").is_dir():
+            log(f"building {a.turns:,} turns at {root} ...")
+            build(root, a.turns, a.turns_per_episode, a.workers, a.turn_bytes, work)
+        result: dict[str, object] = {"benchmark": "viewer"}
+        figs_c: dict[str, float]
+        if compacted(root):
+            figs_c = measure(root, a.runs, "compacted")
+        else:
+            result["uncompacted"] = {
+                k: round(v, 4) for k, v in measure(root, a.runs, "per-episode files").items()
+            }
+            copy = work / "compacted"
+            subprocess.run(["cp", "-al", str(root), str(copy)], check=True)
+            t = time.perf_counter()
+            for run in (RUN, RUN_B):
+                Warehouse(copy).compact(run)
+            log(f"compacted in {time.perf_counter() - t:.0f}s")
+            figs_c = measure(copy, a.runs, "compacted")
+        n = sum(1 for _ in (root / "turns").rglob("*.parquet"))
+        result.update(
+            turns_files=n,
+            **{k: round(v, 4) for k, v in figs_c.items()},
+            episode_vs_floor=round(
+                figs_c["episode_p50_s"] / max(figs_c["floor_turns_p50_s"], 1e-9), 2
+            ),
+            episodes_vs_floor=round(
+                figs_c["episodes_p50_s"] / max(figs_c["floor_episodes_p50_s"], 1e-9), 2
+            ),
+            first_page_target_s=1.0,
+            first_page_target_met=figs_c["first_page_s"] <= 1.0,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__" and "--build-only" in sys.argv:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--warehouse", type=Path, required=True)
+    ap.add_argument("--turns", type=int, default=1_000_000)
+    a = ap.parse_args()
+    a.warehouse.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="sandflow-bench-viewer-"))
+    build(a.warehouse, a.turns, 100, 2, 2048, tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    sys.exit(0)
+elif __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""The warm pool: a reset sandbox is indistinguishable from a fresh one (both backends).
+
+The battery: a dirty episode does everything an episode can do to leave state behind
+(escaped processes, files in every writable place, locked folders, IPC objects, sockets,
+shell state), the sandbox is given back and reset, and every named probe (PROBES; listed
+in docs/sandbox.md) must observe the same as in a sandbox that was never used.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from sandbox import Sandbox, SandboxClosed, SandboxConfig, SandboxError, open_sandbox
+from sandbox.pool import CreationPacer, PoolSettings, SandboxPool
+
+WRITABLE = "/testbed /home/sandbox /tmp /dev/shm /dev/mqueue"
+
+# name -> a command whose output is a deterministic observation of the sandbox's state
+PROBES: dict[str, str] = {
+    "processes": (  # every process but the probe itself: owner, state, command line
+        'python3 -c "import os\n'
+        "me = os.getpid()\n"
+        "rows = []\n"
+        "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+        " if int(p) == me: continue\n"
+        " st = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+        " cmd = open(f'/proc/{p}/cmdline','rb').read().replace(b'\\0', b' ')[:60]\n"
+        " rows.append((os.stat(f'/proc/{p}').st_uid, st, cmd))\n"
+        'print(len(rows), sorted(rows))"'
+    ),
+    "cwd": "pwd",
+    "environment": "env -u _ | sort",
+    "shell_variables": "compgen -v | sort",
+    "shell_functions_aliases_traps": "declare -F; alias; trap -p; jobs -l",
+    "shell_options": "set -o; shopt",
+    "umask": "umask; umask -S",
+    "rlimits": "ulimit -a -S; ulimit -a -H",
+    "shell_fds": "cd /proc/$$/fd && echo *; cd - >/dev/null",
+    "writable_places_tree": (
+        f"for d in {WRITABLE}; do [ -e $d ] && find $d -printf '%p %m %u %g %y %s\\n' "
+        "2>&1 | sort; done"
+    ),
+    "writable_places_space": f"for d in {WRITABLE}; do [ -d $d ] && stat -f -c '$d %f %a %d' $d; done",
+    "sysv_ipc": "cat /proc/sysvipc/shm /proc/sysvipc/sem /proc/sysvipc/msg",
+    "listening_sockets": (
+        'python3 -c "import sys\n'
+        "for n in ('tcp','tcp6'):\n"
+        " rows=open('/proc/net/'+n).read().splitlines()[1:]\n"
+        " print(n, sorted(r.split()[1] for r in rows if r.split()[3]=='0A'))\n"
+        "for n in ('udp','udp6','raw','unix'):\n"
+        " print(n, len(open('/proc/net/'+n).read().splitlines()[1:]))\""
+    ),
+    "hostname_identity": "hostname; id; cat /proc/self/status | grep -E '^(Cap|NoNewPrivs|Seccomp)'",
+    "previous_status": "echo $?",
+    "home_history": "ls -la ~ | awk '{print $1, $NF}'; history | wc -l",
+}
+
+DIRTY = r"""
+cd /tmp && export LEFT=1 PATH=/tmp:$PATH && umask 077 && ulimit -S -n 100
+alias ll='ls -l'; f() { :; }; set -o noclobber; shopt -s extglob; trap 'echo bye' EXIT
+mkdir -p /testbed/a/b/c /home/sandbox/.cache/x /tmp/deep && echo x > /testbed/a/b/c/f
+d=/tmp/deep; for i in $(seq 60); do d=$d/dddddddddd; done; mkdir -p $d && touch $d/leaf
+chmod 000 /testbed/a/b; chmod 500 /home/sandbox/.cache; chmod 700 /testbed
+echo 'echo hi' > /home/sandbox/.bashrc; echo cmd >> /home/sandbox/.bash_history
+mkfifo /tmp/fifo; ln -s /etc/passwd /testbed/link; ln /testbed/a/b/c/f /testbed/hard 2>/dev/null
+printf x > /tmp/$'we\nird name'; : > /tmp/.hidden
+[ -w /dev/shm ] && head -c 100000 /dev/zero > /dev/shm/blob
+[ -d /dev/mqueue ] && [ -w /dev/mqueue ] && : > /dev/mqueue/q 2>/dev/null
+ipcmk -M 65536 >/dev/null; ipcmk -Q >/dev/null; ipcmk -S 3 >/dev/null
+(setsid sleep 1000 &) ; nohup sleep 999 >/dev/null 2>&1 &
+bash -c '( ( trap "" TERM HUP; exec -a stubborn sleep 998 ) & ) &'
+sleep 997 & kill -STOP $!; disown -a
+python3 - <<'PY' &
+import os, socket, time
+t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+t.bind(("127.0.0.1", 8080)); t.listen()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", 9090))
+a = socket.socket(socket.AF_UNIX); a.bind("\0sandflow-left"); a.listen()
+f = socket.socket(socket.AF_UNIX); f.bind("/tmp/sock"); f.listen()
+if os.fork() == 0:
+    os.setsid()
+time.sleep(1000)
+PY
+(while :; do echo noise; sleep 0.1; done) &
+sleep 0.5
+"""
+
+
+@pytest.fixture
+def pool(make_config: Callable[..., SandboxConfig]) -> Iterator[Callable[..., SandboxPool]]:
+    made: list[SandboxPool] = []
+
+    def make(**settings: object) -> SandboxPool:
+        p = SandboxPool(make_config("pooled"), PoolSettings(**settings))
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def _observe(sb: Sandbox) -> dict[str, str]:
+    out = {}
+    for name, cmd in PROBES.items():
+        r = sb.exec(cmd, timeout=30)
+        out[name] = f"{r.exit_code}\n{r.stdout}\n{r.stderr}"
+    return out
+
+
+def _wait_idle(p: SandboxPool, n: int = 1) -> None:
+    deadline = time.monotonic() + 30
+    while p.idle < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert p.idle >= n, f"the pool did not get its sandbox back ({p.stats})"
+
+
+def test_reset_sandbox_equals_fresh_on_every_probe(
+    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig]
+) -> None:
+    with open_sandbox(make_config("fresh-probe")) as fresh:
+        expected = _observe(fresh)
+    p = pool()
+    cfg = make_config("dirty")
+    sb = p.acquire(cfg)
+    name = sb.name
+    before = _observe(sb)
+    assert before == expected, "a newly created pooled sandbox differs from a fresh one"
+    dirty = sb.exec(DIRTY, timeout=60)
+    assert dirty.exit_code == 0, dirty.stderr
+    dirtied = _observe(sb)
+    sb.close()
+    must_see = ("processes", "cwd", "environment", "umask", "writable_places_tree", "sysv_ipc")
+    missed = [
+        probe for probe in must_see + ("listening_sockets",) if dirtied[probe] == expected[probe]
+    ]
+    assert missed == [], f"these probes did not see the dirty episode: {missed}"
+    _wait_idle(p)
+    again = p.acquire(make_config("next"))
+    assert again.name == name, "the pool replaced the sandbox instead of resetting it"
+    assert again.pooled_episodes == 1
+    after = _observe(again)
+    for probe in PROBES:
+        assert after[probe] == expected[probe], (
+            f"probe {probe!r} tells a reset sandbox from a fresh one"
+        )
+    again.close()
+    assert p.stats.resets_failed == 0 and p.stats.created == 1
+
+
+def test_lease_is_dead_after_close(
+    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig]
+) -> None:
+    p = pool()
+    sb = p.acquire(make_config("lease"))
+    sb.exec("echo secret > /testbed/s")
+    sb.close()
+    sb.close()  # idempotent
+    with pytest.raises(SandboxClosed):
+        sb.exec("cat /testbed/s")
+    with pytest.raises(SandboxClosed):
+        sb.read_file("/testbed/s")
+    assert getattr(sb, "killed_by_signal", None) is None
+
+
+def test_failed_reset_destroys_and_replaces(
+    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig]
+) -> None:
+    """An OOM kill is remembered by the cgroup: the reset cannot prove a fresh state."""
+    p = pool()
+    sb = p.acquire(make_config("oom"))
+    name = sb.name
+    r = sb.exec("python3 -c 'x = bytearray(2000 << 20)'", timeout=60)
+    assert r.exit_code != 0
+    sb.close()
+    deadline = time.monotonic() + 30
+    while p.idle == 0 and p.live and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if p.stats.resets_failed == 0:  # rlimits instead of a cgroup (no OOM kill): nothing to remember
+        assert p.idle == 1
+        return
+    assert p.idle == 0 and p.live == 0
+    nxt = p.acquire(make_config("after-oom"))
+    assert nxt.name != name and nxt.exec("echo ok").stdout == "ok\n"
+    nxt.close()
+
+
+def test_max_episodes_retires_the_sandbox(
+    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig]
+) -> None:
+    p = pool(max_episodes=2)
+    names = []
+    for i in range(3):
+        sb = p.acquire(make_config(f"ep{i}"))
+        names.append(sb.name)
+        sb.close()
+        if i < 2:
+            deadline = time.monotonic() + 30
+            while p.idle < 1 and p.live and time.monotonic() < deadline:
+                time.sleep(0.02)
+    assert names[0] == names[1] != names[2]
+    assert p.stats.retired == 1
+
+
+def test_episode_wall_clock_is_per_lease(
+    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig]
+) -> None:
+    from sandbox import SandboxExpired
+
+    p = pool()
+    cfg = make_config("wall", wall_clock_s=1.5)
+    sb = p.acquire(cfg)
+    t0 = time.monotonic()
+    assert sb.exec("sleep 10").timed_out and time.monotonic() - t0 < 8
+    with pytest.raises(SandboxExpired):
+        sb.exec("true")
+    sb.close()
+    nxt = p.acquire(make_config("after-wall", wall_clock_s=30))
+    assert nxt.exec("echo ok").stdout == "ok\n"  # a new sandbox, or the old one: never expired
+    nxt.close()
+
+
+def test_creation_failures_are_retried_and_reported(
+    make_config: Callable[..., SandboxConfig],
+) -> None:
+    """Engine faults at creation: retried with back-off, counted; a persistent one is raised."""
+    failures = {"left": 2}
+
+    def flaky(cfg: SandboxConfig) -> Sandbox:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise SandboxError("injected: engine busy")
+        return open_sandbox(cfg)
+
+    p = SandboxPool(make_config("flaky"), PoolSettings(create_attempts=4), opener=flaky)
+    try:
+        sb = p.acquire(make_config("flaky-ep"), timeout=120)
+        assert sb.exec("echo ok").stdout == "ok\n"
+        sb.close()
+        assert p.stats.create_failures == 2 and p.stats.created == 1
+    finally:
+        p.close()
+
+    def broken(cfg: SandboxConfig) -> Sandbox:
+        raise SandboxError("injected: engine down")
+
+    p = SandboxPool(
+        make_config("broken"), PoolSettings(create_attempts=2, create_rate=50), opener=broken
+    )
+    try:
+        with pytest.raises(SandboxError, match="engine down"):
+            p.acquire(make_config("broken-ep"), timeout=60)
+        assert p.stats.creations_given_up == 1 and p.stats.create_failures == 2
+    finally:
+        p.close()
+
+
+def test_pacer_ramps_up_and_backs_off() -> None:
+    import threading
+
+    pacer = CreationPacer(rate=10, rate_min=1, rate_max=40)
+    stop = threading.Event()
+    t0 = time.monotonic()
+    for _ in range(21):  # 1 token at hand, then 10/s
+        assert pacer.wait(stop)
+    assert 1.5 < time.monotonic() - t0 < 4.0
+    for _ in range(5):
+        pacer.success()
+    assert pacer.rate == 15
+    pacer.failure()
+    assert pacer.rate == 7.5
+    stop.set()
+    assert pacer.wait(stop) is False
+
+
+def test_close_drains_the_pool(
+    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig]
+) -> None:
+    p = pool()
+    assert p.prewarm(3, timeout=120) == 3
+    boxes = [slot.box for slot in p._idle]
+    leased = p.acquire(make_config("held"))
+    p.close()
+    assert all(b.closed for b in boxes[1:])
+    leased.close()  # given back to a closed pool: destroyed
+    assert leased.closed and p.live == 0
