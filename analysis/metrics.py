@@ -36,7 +36,11 @@ def usage_call_rows(data: RunData) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for e in data.episodes:
         for t in data.turns_of(e.episode_id):
-            if not t.tool_calls:
+            traffic = egress_detail(t)
+            if traffic:  # real traffic through the egress proxy: the label comes from it
+                row = _usage_row(e.episode_id, t.turn_index, -1, "external_resource", "egress", traffic)
+                rows.append(row)
+            elif not t.tool_calls:
                 rows.append(_usage_row(e.episode_id, t.turn_index, -1, "none", None, None))
             for ci, call in enumerate(t.tool_calls):
                 caps = label_tool_call(call.name, call.arguments)
@@ -44,6 +48,16 @@ def usage_call_rows(data: RunData) -> list[dict[str, Any]]:
                 for cap in sorted(caps) or ["none"]:
                     rows.append(_usage_row(e.episode_id, t.turn_index, ci, cap, call.name, detail))
     return rows
+
+
+def egress_detail(turn: Any) -> str | None:
+    """'egress: N requests (host:port, ...)' for a turn with allowed requests through the
+    egress proxy (network allowlist/open), else None."""
+    allowed = [r for r in getattr(turn, "egress", None) or [] if r.allowed]
+    if not allowed:
+        return None
+    hosts = sorted({f"{r.host}:{r.port}" for r in allowed})
+    return f"egress: {len(allowed)} requests ({', '.join(hosts[:5])})"[:200]
 
 
 def _detail(name: str, arguments: str) -> str | None:
@@ -82,6 +96,8 @@ def turn_labels(data: RunData) -> list[dict[str, Any]]:
             caps: set[str] = set()
             for call in t.tool_calls:
                 caps |= label_tool_call(call.name, call.arguments)
+            if egress_detail(t):
+                caps.add("external_resource")
             rows.append(
                 {
                     "episode_id": e.episode_id,

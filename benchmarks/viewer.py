@@ -153,11 +153,12 @@ def pick_episodes(root: Path) -> tuple[str, str, int]:
         f"SELECT task_id FROM read_parquet('{files}') ORDER BY task_id LIMIT 1 OFFSET "
         f"(SELECT count(*) // 2 FROM read_parquet('{files}'))"
     ).fetchone()  # type: ignore[misc]
-    rows = dict(
-        con.execute(
+    rows: dict[str, str] = {
+        str(m): str(e)
+        for m, e in con.execute(
             f"SELECT mode, episode_id FROM read_parquet('{files}') WHERE task_id = ?", [task]
         ).fetchall()
-    )
+    }
     ((n,),) = con.execute(f"SELECT count(*) FROM read_parquet('{files}')").fetchall()
     return rows["sandbox"], rows.get("llm", rows["sandbox"]), int(n)
 
@@ -181,9 +182,11 @@ FIRST_PAGES = ("runs", "episodes", "episode")  # what a user opens first, in tha
 
 
 def measure_server(root: Path, runs: int) -> dict[str, float]:
-    """Start `sandflow view`, fetch every page cold once, then `runs` times (p50)."""
+    """Start `sandflow view`, fetch every page cold once, then `runs` rounds of every page
+    and of the floors, interleaved (so machine load hits both alike): p50 of each."""
     a, b, n_eps = pick_episodes(root)
     last = max(0, (n_eps - 1) // 50)
+    floors = Floors(root, a)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-c", "from sandflow.cli import main; main()", "view",
@@ -191,6 +194,7 @@ def measure_server(root: Path, runs: int) -> dict[str, float]:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out: dict[str, float] = {}
+    urls = {name: (base + path.format(a=a, b=b, last=last), m) for name, (path, m) in PAGES.items()}
     try:
         while True:
             if proc.poll() is not None:
@@ -202,14 +206,19 @@ def measure_server(root: Path, runs: int) -> dict[str, float]:
             except Exception:
                 time.sleep(0.1)
         out["ready_s"] = time.perf_counter() - t0
-        for name, (path, marker) in PAGES.items():
-            url = base + path.format(a=a, b=b, last=last)
+        for name, (url, marker) in urls.items():
             s, code, text = get(url)
             if code != 200 or marker not in text:
                 raise SystemExit(f"{name}: HTTP {code}, marker {marker!r} missing: {text[:500]}")
             out[f"{name}_cold_s"] = s
-            times = [get(url)[0] for _ in range(runs)]
-            out[f"{name}_p50_s"] = statistics.median(times)
+        floors.run()  # the floors' own first (cold) reads
+        times: dict[str, list[float]] = {}
+        for _ in range(runs):
+            for name, (url, _) in urls.items():
+                times.setdefault(f"{name}_p50_s", []).append(get(url)[0])
+            for name, t in floors.run().items():
+                times.setdefault(f"{name}_p50_s", []).append(t)
+        out.update({k: statistics.median(v) for k, v in times.items()})
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -217,36 +226,38 @@ def measure_server(root: Path, runs: int) -> dict[str, float]:
 
 
 # ---- floors: DuckDB straight on the files -------------------------------------------------
-def measure_floors(root: Path, runs: int) -> dict[str, float]:
-    import duckdb
+class Floors:
+    """The same rows as the episodes page and the episode page, read by DuckDB straight
+    from the Parquet files: no views, no HTTP, no HTML."""
 
-    a, _, _ = pick_episodes(root)
-    con = duckdb.connect()
-    eps = str(root / "episodes" / f"run_id={RUN}" / "*.parquet")
-    tdir = root / "turns" / f"run_id={RUN}"
-    own = sorted(tdir.glob(f"{a}.*.parquet"))
-    turns = [str(own[-1])] if own else [str(p) for p in tdir.glob("compacted-*.parquet")]
-    queries = {
-        "floor_episodes": (
-            f"SELECT episode_id, task_id, domain, mode, termination, num_turns, answer "
-            f"FROM read_parquet('{eps}') ORDER BY task_id, mode LIMIT 50",
-            [],
-        ),
-        "floor_turns": (
-            "SELECT turn_index, assistant_content, tool_calls, observations, prompt_tokens "
-            f"FROM read_parquet({turns}) WHERE episode_id = ? ORDER BY turn_index LIMIT 25",
-            [a],
-        ),
-    }
-    out = {}
-    for name, (sql, params) in queries.items():
-        times = []
-        for _ in range(runs + 1):
+    def __init__(self, root: Path, episode_id: str) -> None:
+        import duckdb
+
+        self.con = duckdb.connect()
+        eps = str(root / "episodes" / f"run_id={RUN}" / "*.parquet")
+        tdir = root / "turns" / f"run_id={RUN}"
+        own = sorted(tdir.glob(f"{episode_id}.*.parquet"))
+        turns = [str(own[-1])] if own else [str(p) for p in tdir.glob("compacted-*.parquet")]
+        self.queries = {
+            "floor_episodes": (
+                "SELECT episode_id, task_id, domain, mode, termination, num_turns, answer "
+                f"FROM read_parquet('{eps}') ORDER BY task_id, mode LIMIT 50",
+                [],
+            ),
+            "floor_turns": (
+                "SELECT turn_index, assistant_content, tool_calls, observations, prompt_tokens "
+                f"FROM read_parquet({turns}) WHERE episode_id = ? ORDER BY turn_index LIMIT 25",
+                [episode_id],
+            ),
+        }
+
+    def run(self) -> dict[str, float]:
+        out = {}
+        for name, (sql, params) in self.queries.items():
             t = time.perf_counter()
-            con.execute(sql, params).fetchall()
-            times.append(time.perf_counter() - t)
-        out[f"{name}_p50_s"] = statistics.median(times[1:])
-    return out
+            self.con.execute(sql, params).fetchall()
+            out[name] = time.perf_counter() - t
+        return out
 
 
 def compacted(root: Path) -> bool:
@@ -256,7 +267,6 @@ def compacted(root: Path) -> bool:
 def measure(root: Path, runs: int, label: str) -> dict[str, float]:
     log(f"[{label}] measuring pages over HTTP ...")
     figs = measure_server(root, runs)
-    figs.update(measure_floors(root, runs))
     figs["first_page_s"] = max(figs[f"{p}_cold_s"] for p in FIRST_PAGES)
     for k, v in figs.items():
         log(f"  {label} {k}: {v:.3f}")

@@ -59,16 +59,20 @@ def open_sandbox(config: SandboxConfig | None = None) -> Sandbox:
     raise ValueError(f"unknown sandbox backend {config.backend!r}: use 'docker' or 'bwrap'")
 
 
+POOLED_NETWORKS = ("none", "bridge")
+
+
 def acquire(config: SandboxConfig | None = None) -> Sandbox:
     """A sandbox for one episode: from the warm pool (`config.reuse == "pool"`) or fresh.
 
     A pooled sandbox's close() gives it back: it is reset in the background (every process
     killed, every writable place wiped, a new shell) and serves the next episode, or it is
-    destroyed when the reset cannot prove a fresh state (sandbox/pool.py). Network policy
-    "host" is always fresh: a reset cannot see the host's sockets.
+    destroyed when the reset cannot prove a fresh state (sandbox/pool.py). Only network
+    policies "none" and "bridge" are pooled: under "host" a reset cannot see the host's
+    sockets, and "allowlist"/"open" set up an egress proxy per sandbox.
     """
     config = config or SandboxConfig()
-    if config.reuse == "fresh" or config.limits.network == "host":
+    if config.reuse == "fresh" or config.limits.network not in POOLED_NETWORKS:
         return open_sandbox(config)
     from sandbox.pool import pool_for
 

@@ -52,8 +52,9 @@ class SandboxLimits(BaseModel):
     output_cap_bytes: int = Field(32_000, ge=256, description="per stream; head and tail kept")
     network: NetworkPolicy = "none"
     egress_allow: tuple[str, ...] = Field(
-        (), description="network 'allowlist': DEST[:PORTS] entries the egress proxy may reach "
-        "(sandbox/netpolicy.py: names, *.domains, IPs/CIDRs)"
+        (),
+        description="network 'allowlist': DEST[:PORTS] entries the egress proxy may reach "
+        "(sandbox/netpolicy.py: names, *.domains, IPs/CIDRs)",
     )
     egress_hosts: tuple[str, ...] = Field(
         (), description="NAME=ADDRESS lines for the egress proxy's resolver (local listeners)"
@@ -72,7 +73,9 @@ class SandboxLimits(BaseModel):
             except PolicyError as e:
                 raise ValueError(str(e)) from None
         elif self.egress_allow:
-            raise ValueError(f"egress_allow is set but network is {self.network!r} (use 'allowlist')")
+            raise ValueError(
+                f"egress_allow is set but network is {self.network!r} (use 'allowlist')"
+            )
         return self
 
 
@@ -89,9 +92,9 @@ class SandboxConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     docker_host: str | None = None  # e.g. ssh://user@gpu-box or tcp://host:2376
     reuse: Literal["pool", "fresh"] = Field(
-        "pool",
-        description="sandbox.acquire(): a reset sandbox from this process's warm pool, or a "
-        "fresh one per episode (docs/sandbox.md, 'Warm pool')",
+        "fresh",
+        description="sandbox.acquire() (the episode runner): 'pool' hands out a reset sandbox "
+        "from this process's warm pool, 'fresh' opens one per episode (docs/sandbox.md, 'Warm pool')",
     )
     max_episodes_per_sandbox: int = Field(
         100, ge=1, description="a pooled sandbox is replaced after this"

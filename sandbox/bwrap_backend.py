@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import select
 import shutil
 import subprocess
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 
 from sandbox import reaper, registry
 from sandbox.base import SandboxConfig, SandboxError
-from sandbox.bwrap_net import RESOLV_CONF, UserNat, read_child_pid, slirp_available
+from sandbox.bwrap_net import RESOLV_CONF, UserNat, read_child_pid, readable, slirp_available
 from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSandbox, privsep
 from sandbox.gc import write_bwrap_state
 from sandbox.labels import make_labels
@@ -73,7 +72,7 @@ class PipeTransport:
         deadline = time.monotonic() + timeout
         while True:
             left = max(0.0, deadline - time.monotonic())
-            r, _, _ = select.select([self.r, self.e], [], [], left)
+            r = readable([self.r, self.e], left)
             if self.e in r:
                 try:
                     chunk = os.read(self.e, 65536)
@@ -178,6 +177,11 @@ class BwrapSandbox(HelperSandbox):
         why = bwrap_available() or (
             slirp_available() if config.limits.network == "bridge" else None
         )
+        if config.limits.network in ("allowlist", "open"):
+            why = (
+                f"network policy {config.limits.network!r} (the egress proxy) runs on the docker "
+                "backend only for now; use --backend docker, or network 'none' / 'bridge'"
+            )
         if why:
             raise SandboxError(why)
         self.rootfs = _rootfs_for(config.image)
@@ -217,6 +221,9 @@ class BwrapSandbox(HelperSandbox):
             argv += ["--unshare-user", "--uid", "1000", "--gid", "1000"]
         argv += ["--hostname", "sandbox", "--ro-bind", str(self.rootfs), "/"]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
+        # the IPC namespace's POSIX message queues, visible (as with docker) so a pooled
+        # sandbox's reset can remove them (sandbox/pool.py)
+        argv += ["--mqueue", "/dev/mqueue"]
         for path in ("/tmp", self.config.workdir, HOME):
             argv += ["--perms", "1777", "--size", size, "--tmpfs", path]
         if resolv_fd is not None:

@@ -34,6 +34,18 @@ NS_GET_USERNS = 0xB701  # ioctl(2) on a namespace fd: the user namespace that ow
 TUN = "/dev/net/tun"
 
 
+def readable(fds: list[int], timeout: float) -> list[int]:
+    """The fds of `fds` ready to read (or at EOF) within `timeout` seconds.
+
+    poll, not select: select cannot watch an fd above 1023, and a process holding a few
+    hundred sandboxes (three pipes each) has fds far above that.
+    """
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return [fd for fd, _ in poller.poll(max(0.0, timeout) * 1000)]
+
+
 def slirp_available() -> str | None:
     """Why network="bridge" cannot run on the bwrap backend here, or None when it can."""
     if shutil.which(SLIRP) is None:
@@ -113,7 +125,7 @@ class UserNat:
         assert self.proc is not None
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            r, _, _ = select.select([ready_r], [], [], 0.2)
+            r = readable([ready_r], 0.2)
             if r and os.read(ready_r, 1) == b"1":
                 return
             if self.proc.poll() is not None:
@@ -154,7 +166,7 @@ def read_child_pid(info_r: int, proc: subprocess.Popen[bytes], timeout: float = 
     buf = b""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        r, _, _ = select.select([info_r], [], [], 0.2)
+        r = readable([info_r], 0.2)
         if r:
             chunk = os.read(info_r, 4096)
             buf += chunk

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from sandbox import netns, reaper, registry
+from sandbox import egress, netns, reaper, registry
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSandbox, privsep
 from sandbox.deadline import bounded
@@ -116,10 +116,14 @@ class DockerSandbox(HelperSandbox):
         self.image = config.image or _default_tag()
         self.container_id = ""
         self._holder: netns.Holder | None = None
+        self.egress: egress.Endpoint | None = None  # network allowlist/open: its proxy
+        self.egress_address = ""  # this sandbox's address on the egress network
         self.labels = make_labels(config, self.backend)
         t0 = time.perf_counter()
         ensure_image(self.client, self.image)
         reaper.ensure_started(docker=True, docker_host=config.docker_host)  # kill -9 safety
+        if config.limits.network in ("allowlist", "open"):
+            self.egress = egress.endpoint_for(self.api, config.limits)
         self._start()
         self.start_s = time.perf_counter() - t0
 
@@ -136,7 +140,10 @@ class DockerSandbox(HelperSandbox):
         return self.api.create_host_config(
             auto_remove=True,
             read_only=True,
-            network_mode=holder.network_mode if holder else lim.network,
+            network_mode=holder.network_mode if holder else self._network_mode(),
+            # the engine's resolver forwards what it cannot answer to these: the proxy's
+            # address, where the host firewall refuses anything but the proxy port
+            dns=[self.egress.gateway] if self.egress else None,
             cap_drop=["ALL"],
             cap_add=list(HELPER_CAPS) if privsep() else [],  # the helper's; its children drop them
             security_opt=["no-new-privileges"],
@@ -160,6 +167,8 @@ class DockerSandbox(HelperSandbox):
         lim = self.config.limits
         env = {**image_env(), **self.config.env, "HOME": HOME, "USER": "sandbox"}
         env["SANDFLOW_WORKDIR"] = self.config.workdir
+        if self.egress is not None:
+            env.update(self.egress.sandbox_env())
         env["SANDFLOW_PIDS_LIMIT"] = str(lim.pids)
         env["SANDFLOW_UID"], env["SANDFLOW_GID"] = str(SANDBOX_UID), str(SANDBOX_GID)
         if lim.wall_clock_s:
@@ -231,6 +240,10 @@ class DockerSandbox(HelperSandbox):
             )
             self.transport = AttachTransport(sock)
             bounded("start", lambda: self.api.start(self.container_id))
+            if self.egress is not None:
+                self.egress_address = egress.container_address(
+                    self.api, self.container_id, self.egress.network
+                )
         except BaseException as e:
             dead = isinstance(e, docker.errors.APIError) and holder is not None
             if dead and holder is not None and not holder.pool.alive(holder):
@@ -297,6 +310,18 @@ class DockerSandbox(HelperSandbox):
             self._drop_holder(removed=removed)
             if transport is not None:
                 transport.close()
+
+    def _network_mode(self) -> str:
+        return self.egress.network if self.egress is not None else self.config.limits.network
+
+    def egress_records(self, since: float, until: float | None = None) -> list[egress.EgressRecord]:
+        """This sandbox's requests through the egress proxy that ended in [since, until)
+        (epoch seconds)."""
+        if self.egress is None or not self.egress_address:
+            return []
+        return egress.read_records(
+            self.egress, egress.policy_of(self.config.limits), self.egress_address, since, until
+        )
 
     # files go through the helper: it runs as the sandbox user and sees every tmpfs mount
     def _put_tar(self, dest_dir: str, data: bytes) -> None:

@@ -20,7 +20,7 @@ SIGINT, SIGTERM; the owner's watchdog removes them after kill -9; `sandflow sand
 finds them by label), and every pool is closed (drained) by the registry's cleanup.
 
     from sandbox import SandboxConfig, acquire
-    with acquire(SandboxConfig(run_id="r", episode_id="e1")) as sb:   # reuse="pool" (default)
+    with acquire(SandboxConfig(run_id="r", episode_id="e1", reuse="pool")) as sb:
         sb.exec("echo hi")                                           # close() = reset + back
 """
 

@@ -62,6 +62,7 @@ _BUDGET: contextvars.ContextVar[RequestBudget | None] = contextvars.ContextVar(
     "sandflow_budget", default=None
 )
 _GENERATING_PATHS = ("/v1/chat/completions", "/v1/completions")
+MAX_BODY_BYTES = 64 << 20  # far above any n_ctx worth of text: a bound, not a limit in use
 stats = {"cancelled": 0, "capped": 0, "exhausted": 0}
 
 
@@ -103,11 +104,17 @@ class CancelOnDisconnect:
         import anyio
 
         chunks: list[bytes] = []
+        size = 0
         while True:
             msg = await receive()
             if msg["type"] == "http.disconnect":
                 return  # gone before it finished sending: nothing to compute
-            chunks.append(msg.get("body", b""))
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                await _refuse(send, 413, f"request body over {MAX_BODY_BYTES} bytes")
+                return
+            chunks.append(chunk)
             if not msg.get("more_body", False):
                 break
         body, capped, limit = cap_body(b"".join(chunks), self.cap)
@@ -161,6 +168,21 @@ class CancelOnDisconnect:
             elif budget.exhausted:
                 stats["exhausted"] += 1
                 self.log(f"sandflow: request used its {limit} tokens; generation stopped")
+
+
+async def _refuse(send: Send, status: int, message: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error"}}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def _stop_now(*_: Any) -> bool:

@@ -23,6 +23,7 @@ episode). `mode="llm"` runs the paper's baseline through the same records.
 from __future__ import annotations
 
 import contextlib
+import logging
 import posixpath
 import shlex
 import time
@@ -40,6 +41,7 @@ from tasks.answers import extract_answer
 from tasks.model import ContextLengthError, ModelClient, ModelConfig, ModelError, ModelReply
 from tasks.prompts import PromptSet, load_prompts
 from tasks.records import (
+    EgressRequest,
     EpisodeRecord,
     Mode,
     NullRecorder,
@@ -51,6 +53,8 @@ from tasks.records import (
     episode_totals,
 )
 from tasks.tools import TOOL_SCHEMAS, ToolBox
+
+log = logging.getLogger("sandflow.episode")
 
 # A live view (the CLI) gets these events: ("request", turn_index) before each model
 # call, ("reply", TurnRecord) after it, ("tool", ToolCall) before each tool call,
@@ -251,6 +255,7 @@ class SteppedEpisode:
             if self._sandbox is None:
                 cfg = _sandbox_config(self._sandbox_cfg, self.record)
                 self._owned = self._sandbox = _open_sandbox(cfg)
+            self._ep.watch_egress(self._sandbox)
             self._ep._place_inputs(self._sandbox)
             self._toolbox = ToolBox(self._sandbox, self.limits.max_observation_chars)
             if self.limits.wall_clock_s:  # as run_sandbox: opening the sandbox is not the policy's time
@@ -385,7 +390,7 @@ def _open_sandbox(cfg: SandboxConfig) -> Sandbox:
     import sandbox as sandbox_pkg
 
     try:
-        return sandbox_pkg.open_sandbox(cfg)
+        return sandbox_pkg.acquire(cfg)  # cfg.reuse: the warm pool or a fresh sandbox
     except SandboxError as exc:
         raise _End("sandbox_error", f"could not open the sandbox: {exc}") from None
     except Exception as exc:  # engine unreachable, image missing: infrastructure
@@ -431,6 +436,43 @@ class _Episode:
         self.max_tokens = limits.max_tokens_per_call or model_cfg.max_tokens
         self.last_total_tokens: int | None = None
         self.submit_args: dict[str, Any] = {}
+        self._egress_box: Any = None  # a sandbox behind the egress proxy (network allowlist)
+        self._egress_since = 0.0
+
+    def watch_egress(self, sandbox: Sandbox) -> None:
+        """Record the sandbox's requests through the egress proxy with the turns from now on
+        (each in the turn during which it ended); a no-op for sandboxes without one."""
+        if getattr(sandbox, "egress", None) is not None and callable(
+            getattr(sandbox, "egress_records", None)
+        ):
+            self._egress_box, self._egress_since = sandbox, time.time()
+
+    def _take_egress(self) -> list[EgressRequest]:
+        if self._egress_box is None:
+            return []
+        until = time.time()
+        try:
+            found = self._egress_box.egress_records(self._egress_since, until)
+        except Exception as exc:  # noqa: BLE001 - the proxy's log is a record, not the episode
+            log.warning("egress records of episode %s: %s", self.record.episode_id, exc)
+            return []
+        self._egress_since = until
+        return [
+            EgressRequest(
+                time=datetime.fromtimestamp(r.time, UTC),
+                method=r.method,
+                host=r.host,
+                port=r.port,
+                url=None if r.method == "CONNECT" else r.url,
+                status=r.status or None,
+                bytes_out=r.bytes_out,
+                bytes_in=r.bytes_in,
+                allowed=r.allowed,
+                rule=r.rule,
+                result=r.result,
+            )
+            for r in found
+        ]
 
     @property
     def client(self) -> ModelClient:
@@ -529,12 +571,14 @@ class _Episode:
         )
 
     def _record(self, turn: TurnRecord) -> None:
+        turn.egress = self._take_egress()
         self.turns.append(turn)
         self.recorder.record_turn(turn)
 
     # -- sandbox mode ------------------------------------------------------------
     def run_sandbox(self, sandbox: Sandbox, output_dir: Path | str | None) -> None:
         try:
+            self.watch_egress(sandbox)
             self._place_inputs(sandbox)
             toolbox = ToolBox(sandbox, self.limits.max_observation_chars)
             # The wall clock is the model's time (its calls and its commands): opening the

@@ -60,6 +60,23 @@ class Usage(BaseModel):
     reasoning_tokens: int | None = None
 
 
+class EgressRequest(BaseModel):
+    """One request the sandbox made through the egress proxy (network allowlist / open),
+    attributed to the turn during which it ended (sandbox/egress.py)."""
+
+    time: datetime
+    method: str
+    host: str
+    port: int
+    url: str | None = None  # for HTTPS only host:port is visible (a CONNECT tunnel)
+    status: int | None = None
+    bytes_out: int = 0  # sandbox -> outside
+    bytes_in: int = 0  # outside -> sandbox
+    allowed: bool
+    rule: str  # the policy entry that allowed it, or why it was refused
+    result: str | None = None  # the proxy's result code (TCP_MISS, TCP_MEM_HIT, TCP_DENIED...)
+
+
 class TurnRecord(BaseModel):
     """One model call and everything that came of it."""
 
@@ -84,6 +101,7 @@ class TurnRecord(BaseModel):
     # Added by the episode loop (defaults keep older rows valid):
     request_max_tokens: int | None = None  # max_tokens sent (shrinks after a context error)
     attempts: int = 1  # HTTP attempts the model call took (retries on 429/5xx/timeouts)
+    egress: list[EgressRequest] = Field(default_factory=list)  # network allowlist / open only
 
 
 class EpisodeRecord(BaseModel):

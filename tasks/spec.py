@@ -60,6 +60,7 @@ class RunSpec(BaseModel):
     backend: str = "docker"
     image: str | None = None
     network: str = "none"
+    sandbox_reuse: str = Field("fresh", description="fresh sandbox per episode, or 'pool' (reset and reused)")
     # the run: where it is recorded, how wide it fans out, how it recovers
     warehouse: str | None = Field(None, description="None: episodes are not recorded there")
     concurrency: int = 4
@@ -103,6 +104,7 @@ class RunSpec(BaseModel):
             image=self.image,
             run_id=run_id or self.run_id or "adhoc",
             limits=SandboxLimits(network=self.network),
+            reuse=self.sandbox_reuse,  # pydantic checks "pool" / "fresh"
         )
 
     def public_dict(self) -> dict[str, Any]:

@@ -18,13 +18,14 @@ import pyarrow as pa
 from datasets_prep.secrets import scrub
 from tasks.records import (
     INFRA_TERMINATIONS,
+    EgressRequest,
     EpisodeRecord,
     Observation,
     ToolCall,
     TurnRecord,
     Usage,
 )
-from warehouse.schema import META_PROMPT_DELTAS, OBSERVATION, TOOL_CALL, schema_for
+from warehouse.schema import EGRESS, META_PROMPT_DELTAS, OBSERVATION, TOOL_CALL, schema_for
 
 
 def utc(ts: datetime | None) -> datetime | None:
@@ -112,6 +113,18 @@ def turns_table(
         ]
         for t in turns
     ]
+    egress = [
+        [
+            {
+                **e.model_dump(exclude={"time", "url"}),
+                "time": utc(e.time),
+                "url": None if e.url is None else scrub(e.url),
+            }
+            for e in t.egress
+        ]
+        or None
+        for t in turns
+    ]
     schema = schema_for("turns")
     if any(n is not None for n in prefix_len):
         schema = schema.with_metadata({**(schema.metadata or {}), META_PROMPT_DELTAS: b"1"})
@@ -147,6 +160,7 @@ def turns_table(
         "request_max_tokens": pa.array([t.request_max_tokens for t in turns], pa.int32()),
         "attempts": pa.array([t.attempts for t in turns], pa.int32()),
         "prompt_token_ids_prefix_len": pa.array(prefix_len, pa.int32()),
+        "egress": pa.array(egress, pa.list_(EGRESS)),
     }
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 
@@ -288,4 +302,5 @@ def turn_record(r: dict[str, Any]) -> TurnRecord:
         error=r["error"],
         request_max_tokens=r.get("request_max_tokens"),
         attempts=r.get("attempts") or 1,
+        egress=[EgressRequest(**x) for x in (r.get("egress") or [])],
     )

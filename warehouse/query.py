@@ -290,6 +290,12 @@ READY_VIEWS: dict[str, str] = {
         SELECT * FROM _raw_runs
         QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY written_at DESC) = 1
     """,
+    # one row per request through the egress proxy, with the turn it ended in
+    "egress": """
+        SELECT run_id, episode_id, turn_index, unnest(e)
+        FROM (SELECT run_id, episode_id, turn_index, unnest(egress) AS e
+              FROM turns WHERE egress IS NOT NULL)
+    """,
     "tool_calls": """
         WITH c AS (
             SELECT run_id, episode_id, turn_index, observations,
@@ -459,6 +465,8 @@ VIEW_HELP: dict[str, str] = {
     "stale_scores": "scores of an attempt since re-recorded (re-run the score flow to replace them)",
     "usage": "capability labels per tool call (newest batch per episode x labeler)",
     "partial_turns": "turns still in journals (live / orphaned / recovered episodes)",
+    "egress": "one row per request through the egress proxy (network allowlist/open): time, "
+    "host, port, method, URL, status, bytes each way, allowed or denied with the rule, turn",
     "tool_calls": "one row per tool call with its observation: command, exit code, time-out, duration",
     "accuracy": "accuracy by run x model x domain x mode (newest score per episode; infra failures apart)",
     "accuracy_by_verifier": "the same per verifier (e.g. after re-scoring with another one)",

@@ -71,6 +71,23 @@ OBSERVATION = pa.struct(
     ]
 )
 
+# One request through the egress proxy (tasks.records.EgressRequest); `egress` view.
+EGRESS = pa.struct(
+    [
+        pa.field("time", _TS),
+        pa.field("method", pa.string()),
+        pa.field("host", pa.string()),
+        pa.field("port", pa.int32()),
+        pa.field("url", pa.string()),
+        pa.field("status", pa.int32()),
+        pa.field("bytes_out", pa.int64()),
+        pa.field("bytes_in", pa.int64()),
+        pa.field("allowed", pa.bool_()),
+        pa.field("rule", pa.string()),
+        pa.field("result", pa.string()),
+    ]
+)
+
 RUNS = pa.schema(
     [
         pa.field("run_id", pa.string(), nullable=False),
@@ -163,6 +180,8 @@ TURNS = pa.schema(
         # here: prompt_token_ids then holds only the new ids (the `turns` view rebuilds the
         # full list). NULL: stored in full (first turn, a changed prefix, older files).
         pa.field("prompt_token_ids_prefix_len", pa.int32()),
+        # requests through the egress proxy that ended during this turn (network allowlist)
+        pa.field("egress", pa.list_(EGRESS)),
     ]
 )
 

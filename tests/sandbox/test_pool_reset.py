@@ -8,6 +8,10 @@ in docs/sandbox.md) must observe the same as in a sandbox that was never used.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -16,6 +20,7 @@ import pytest
 from sandbox import Sandbox, SandboxClosed, SandboxConfig, SandboxError, open_sandbox
 from sandbox.pool import CreationPacer, PoolSettings, SandboxPool
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WRITABLE = "/testbed /home/sandbox /tmp /dev/shm /dev/mqueue"
 
 # name -> a command whose output is a deterministic observation of the sandbox's state
@@ -287,3 +292,75 @@ def test_close_drains_the_pool(
     assert all(b.closed for b in boxes[1:])
     leased.close()  # given back to a closed pool: destroyed
     assert leased.closed and p.live == 0
+
+
+_POOL_OWNER = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from sandbox import SandboxConfig, SandboxLimits
+from sandbox.pool import PoolSettings, SandboxPool
+cfg = SandboxConfig(backend={backend!r}, run_id={run_id!r}, limits=SandboxLimits(memory_mb=256))
+pool = SandboxPool(cfg, PoolSettings(create_rate=20))
+held = pool.acquire(cfg)
+pool.prewarm(3)
+print(pool.live, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_owner_death_drains_the_pool(backend: str, test_run_id: str, sig: int) -> None:
+    """SIGTERM/SIGINT: the registry's handler drains the pool; SIGKILL: the watchdog does."""
+    from sandbox import gc as G
+    from sandbox.engine import docker_client
+
+    run_id = f"{test_run_id}-pool{int(sig)}"
+    client = docker_client()
+
+    def left() -> list[G.SandboxInfo]:
+        return [i for i in G.list_all(client, run_id) if i.run_id == run_id]
+
+    code = _POOL_OWNER.format(repo=REPO, backend=backend, run_id=run_id)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "4", "the owner did not fill its pool"
+        assert len(left()) == 4
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left() == [], f"pooled {backend} sandboxes survived their owner's {sig!r}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        G.collect(client, everything=True, run_prefix=run_id)
+
+
+def test_acquire_follows_the_reuse_setting(make_config: Callable[..., SandboxConfig]) -> None:
+    from sandbox import acquire
+    from sandbox.pool import PooledSandbox, close_all, pool_for
+
+    fresh = acquire(make_config("fresh-acq"))
+    try:
+        assert not isinstance(fresh, PooledSandbox)
+    finally:
+        fresh.close()
+    assert fresh.closed  # type: ignore[attr-defined]
+    cfg = make_config("pooled-acq").model_copy(update={"reuse": "pool"})
+    try:
+        first = acquire(cfg)
+        assert isinstance(first, PooledSandbox) and isinstance(first, Sandbox)
+        name = first.name
+        first.close()
+        _wait_idle(pool_for(cfg))
+        second = acquire(cfg.model_copy(update={"episode_id": "pooled-acq-2"}))
+        assert (
+            isinstance(second, PooledSandbox)
+            and second.name == name
+            and second.config.episode_id == "pooled-acq-2"
+        )
+        second.close()
+    finally:
+        close_all()

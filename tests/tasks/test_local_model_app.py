@@ -31,3 +31,35 @@ def test_the_budget_counts_every_token_of_the_request() -> None:
     other = RequestBudget(100)
     other.cancel.set()  # the client left
     assert other.stop_now() and not other.exhausted
+
+
+def test_an_oversized_body_is_refused_before_it_is_buffered() -> None:
+    import asyncio
+
+    from tasks import local_model_app as app_mod
+
+    sent: list[dict] = []
+    called: list[bool] = []
+
+    async def app(scope, receive, send):  # the wrapped server: must never be reached
+        called.append(True)
+
+    chunk = b"x" * (1 << 20)
+    n = app_mod.MAX_BODY_BYTES // len(chunk) + 2
+
+    async def run() -> None:
+        msgs = iter([{"type": "http.request", "body": chunk, "more_body": True}] * n)
+
+        async def receive():
+            return next(msgs)
+
+        async def send(msg):
+            sent.append(msg)
+
+        mw = app_mod.CancelOnDisconnect(app, 512)
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+        await mw(scope, receive, send)
+
+    asyncio.run(run())
+    assert not called
+    assert sent[0]["status"] == 413 and b"request body over" in sent[1]["body"]

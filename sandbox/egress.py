@@ -1,0 +1,404 @@
+"""The egress proxy of the `allowlist` / `open` network policies (docker backend).
+
+Layout, per (engine host, policy): one docker network created `--internal` with inter-
+container traffic off (`enable_icc=false`), and one squid (Debian's) on the host listening
+only on that network's gateway address. Sandboxes of that policy join the network and get
+`HTTP(S)_PROXY` pointing at it, so pip, apt, curl and urllib work unchanged. Host firewall
+rules (iptables, inserted first in INPUT and DOCKER-USER) make the proxy the only thing a
+sandbox can reach: from the network's bridge, TCP to the proxy port is accepted and every
+other packet to the host (other ports, DNS, UDP, ICMP) and every forwarded packet (direct
+connections to any address, other sandboxes, other networks) is rejected. squid itself
+refuses what the policy does not allow, checking the address after resolution
+(sandbox/netpolicy.py). No TLS interception: HTTPS is a CONNECT tunnel to an allowed
+host:port, recorded with its byte counts.
+
+Shared, not per sandbox: every sandbox of a policy on this host uses the same network and
+the same squid (a squid per distinct policy, so no sandbox can use a laxer policy's proxy:
+each listens on its own network's gateway, which other networks' bridges cannot reach).
+They outlive the process that started them (like docker networks); `teardown` removes them.
+
+Every request is one line in `access.log` (time, client address, method, host:port, URL
+where visible, status, bytes each way); `records_for` reads the lines of one sandbox's
+address in a time window, bounded, and names the rule behind each decision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox.base import SandboxError
+from sandbox.netpolicy import EgressPolicy, squid_rules
+
+log = logging.getLogger("sandflow.sandbox.egress")
+
+STATE_ROOT = Path(os.environ.get("SANDFLOW_EGRESS_DIR", "/var/tmp/sandflow-egress"))
+PROXY_PORT = 13128  # not 3128: a distribution squid started by its package may hold that
+NETWORK_PREFIX = "sandflow-egress-"
+BRIDGE_PREFIX = "sfeg-"
+LOG_FORMAT = "%ts.%03tu %>a %rm %>rd %>rP %>Hs %>st %<st %Ss %<a %ru"
+MAX_LOG_BYTES = 64 << 20  # the most of one access log read per call
+MAX_RECORDS = 10_000  # per sandbox and window
+MAX_FIELD = 2048
+START_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the sandboxes of a policy meet its proxy."""
+
+    network: str  # docker network name
+    gateway: str  # the host's address on it: squid listens here
+    port: int
+    state_dir: Path
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://{self.gateway}:{self.port}"
+
+    def sandbox_env(self) -> dict[str, str]:
+        """What makes pip, apt, curl, wget, git and urllib use the proxy unasked."""
+        url = self.proxy_url
+        env = {}
+        for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ftp_proxy"):
+            env[k] = url
+        env["no_proxy"] = env["NO_PROXY"] = "localhost,127.0.0.1,::1"
+        env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+        return env
+
+
+def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        raise SandboxError(f"network policy allowlist: {argv[0]} is not installed") from None
+    if check and proc.returncode != 0:
+        raise SandboxError(
+            f"network policy allowlist: {' '.join(argv)} failed: {proc.stderr.strip()[:300]}"
+        )
+    return proc
+
+
+def unavailable() -> str | None:
+    """Why the egress proxy cannot run here, or None."""
+    if shutil.which("squid") is None:
+        return "the egress proxy needs Debian's squid: `apt-get install -y squid` (or scripts/setup.sh)"
+    if shutil.which("iptables") is None:
+        return "the egress proxy needs iptables on the docker host"
+    if os.geteuid() != 0:
+        return "the egress proxy (host firewall rules, squid on the docker bridge) needs root"
+    return None
+
+
+def _rules(bridge: str, gateway: str, port: int) -> list[list[str]]:
+    """Host firewall rules for one egress bridge, in the order they must apply."""
+    rej_tcp = ["-j", "REJECT", "--reject-with", "tcp-reset"]
+    return [
+        [
+            "iptables",
+            "INPUT",
+            "-i",
+            bridge,
+            "-d",
+            gateway,
+            "-p",
+            "tcp",
+            "--dport",
+            str(port),
+            "-j",
+            "ACCEPT",
+        ],
+        ["iptables", "INPUT", "-i", bridge, "-p", "tcp", *rej_tcp],
+        ["iptables", "INPUT", "-i", bridge, "-j", "REJECT"],
+        ["iptables", "DOCKER-USER", "-i", bridge, "-p", "tcp", *rej_tcp],
+        ["iptables", "DOCKER-USER", "-i", bridge, "-j", "REJECT"],
+        ["iptables", "DOCKER-USER", "-o", bridge, "-j", "REJECT"],
+        ["ip6tables", "INPUT", "-i", bridge, "-j", "REJECT"],
+        ["ip6tables", "FORWARD", "-i", bridge, "-j", "REJECT"],
+    ]
+
+
+def _install_rules(bridge: str, gateway: str, port: int) -> None:
+    rules = _rules(bridge, gateway, port)
+    # insert in reverse at position 1 of each chain: the first rule ends up first
+    for tool, chain, *spec in reversed(rules):
+        if shutil.which(tool) is None:
+            continue
+        if _run([tool, "-C", chain, *spec], check=False).returncode == 0:
+            continue
+        if chain == "DOCKER-USER" and _run([tool, "-L", chain, "-n"], check=False).returncode != 0:
+            _run([tool, "-N", chain])
+            _run([tool, "-I", "FORWARD", "1", "-j", chain])
+        _run([tool, "-I", chain, "1", *spec])
+
+
+def _remove_rules(bridge: str, gateway: str, port: int) -> None:
+    for tool, chain, *spec in _rules(bridge, gateway, port):
+        if shutil.which(tool) is None:
+            continue
+        while _run([tool, "-C", chain, *spec], check=False).returncode == 0:
+            _run([tool, "-D", chain, *spec], check=False)
+
+
+def _squid_conf(
+    policy: EgressPolicy, ep_dir: Path, gateway: str, port: int, hosts_file: Path | None
+) -> str:
+    conf = [
+        f"http_port {gateway}:{port}",
+        f"pid_filename {ep_dir}/squid.pid",
+        f"logformat sandflow {LOG_FORMAT}",
+        f"access_log stdio:{ep_dir}/access.log sandflow",
+        f"cache_log {ep_dir}/cache.log",
+        "cache_store_log none",
+        "logfile_rotate 0",
+        "buffered_logs off",
+        f"coredump_dir {ep_dir}",
+        "visible_hostname sandflow-egress",
+        "shutdown_lifetime 1 seconds",
+        "forwarded_for delete",
+        "via off",
+        "httpd_suppress_version_string on",
+        # the shared download cache: in memory, wheels and sdists kept a day
+        "cache_mem 256 MB",
+        "maximum_object_size_in_memory 64 MB",
+        r"refresh_pattern -i \.(whl|tar\.gz|zip|deb)$ 1440 100% 10080 override-expire ignore-reload",
+        "refresh_pattern . 0 20% 4320",
+        "dns_v4_first on" if _squid_major() < 6 else "",
+    ]
+    if hosts_file is not None:
+        conf.append(f"hosts_file {hosts_file}")
+    return "\n".join(c for c in conf if c) + "\n" + squid_rules(policy)
+
+
+def _squid_major() -> int:
+    with contextlib.suppress(Exception):
+        out = _run(["squid", "-v"], check=False).stdout
+        return int(out.split("Version ", 1)[1].split(".", 1)[0])
+    return 5
+
+
+def _pid_alive(pid_file: Path) -> bool:
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _wait_listening(host: str, port: int, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def ensure(api: Any, policy: EgressPolicy, hosts: dict[str, str] | None = None) -> Endpoint:
+    """The endpoint of `policy` on the engine behind `api`: network, rules and squid, started
+    on first use (an flock makes concurrent starters wait for one another).
+
+    `hosts` (name -> address) is a hosts file for the proxy's resolver: what tests use to
+    give a local listener a name; it is part of the policy's identity.
+    """
+    why = unavailable()
+    if why:
+        raise SandboxError(f"network policy {policy.mode!r}: {why}")
+    import docker.errors
+
+    key = policy.key
+    if hosts:
+        import hashlib
+
+        key = hashlib.sha256((key + repr(sorted(hosts.items()))).encode()).hexdigest()[:10]
+    ep_dir = STATE_ROOT / key
+    ep_dir.mkdir(parents=True, exist_ok=True)
+    name, bridge = NETWORK_PREFIX + key, BRIDGE_PREFIX + key
+    with open(ep_dir / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            net = api.inspect_network(name)
+        except docker.errors.NotFound:
+            net = api.create_network(
+                name,
+                driver="bridge",
+                internal=True,
+                options={
+                    "com.docker.network.bridge.enable_icc": "false",
+                    "com.docker.network.bridge.name": bridge,
+                },
+                labels={"sandflow.egress": key},
+            )
+            net = api.inspect_network(net["Id"])
+        configs = (net.get("IPAM") or {}).get("Config") or []
+        gateway = next((c.get("Gateway") for c in configs if c.get("Gateway")), None)
+        if not gateway:
+            raise SandboxError(f"egress network {name}: the engine gave it no gateway address")
+        gateway = gateway.split("/")[0]
+        _install_rules(bridge, gateway, PROXY_PORT)
+        if not _pid_alive(ep_dir / "squid.pid"):
+            hosts_file = None
+            if hosts:
+                hosts_file = ep_dir / "hosts"
+                hosts_file.write_text("".join(f"{a} {n}\n" for n, a in hosts.items()))
+            (ep_dir / "squid.conf").write_text(
+                _squid_conf(policy, ep_dir, gateway, PROXY_PORT, hosts_file)
+            )
+            for f in ("access.log", "cache.log"):
+                (ep_dir / f).touch()
+            with contextlib.suppress(KeyError, OSError):
+                import pwd
+
+                proxy = pwd.getpwnam("proxy")
+                for f in ("access.log", "cache.log"):
+                    os.chown(ep_dir / f, proxy.pw_uid, proxy.pw_gid)
+                os.chown(ep_dir, proxy.pw_uid, proxy.pw_gid)
+            _run(["squid", "-f", str(ep_dir / "squid.conf")])
+            if not _wait_listening(gateway, PROXY_PORT, START_TIMEOUT_S):
+                tail = (ep_dir / "cache.log").read_text(errors="replace")[-600:]
+                raise SandboxError(f"egress proxy for policy {key} did not start: {tail}")
+    return Endpoint(name, gateway, PROXY_PORT, ep_dir)
+
+
+def teardown(api: Any, endpoint: Endpoint) -> None:
+    """Stop the proxy, drop the rules and the network (its sandboxes must be gone)."""
+    import docker.errors
+
+    pid_file = endpoint.state_dir / "squid.pid"
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 15)
+        for _ in range(50):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+    bridge = BRIDGE_PREFIX + endpoint.network[len(NETWORK_PREFIX) :]
+    _remove_rules(bridge, endpoint.gateway, endpoint.port)
+    for _ in range(50):  # its sandboxes' containers may still be going (auto-remove)
+        try:
+            api.remove_network(endpoint.network)
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError:
+            time.sleep(0.2)
+    log.warning("egress network %s: still in use, left in place", endpoint.network)
+
+
+def container_address(api: Any, container_id: str, network: str) -> str:
+    """The sandbox's address on the egress network: how its requests are told apart."""
+    info = api.inspect_container(container_id)
+    nets = ((info.get("NetworkSettings") or {}).get("Networks")) or {}
+    addr = (nets.get(network) or {}).get("IPAddress") or ""
+    if not addr:
+        raise SandboxError(f"sandbox {container_id[:12]} has no address on {network}")
+    return str(addr)
+
+
+@dataclass(frozen=True)
+class EgressRecord:
+    """One request as the proxy saw it."""
+
+    time: float
+    client: str
+    method: str
+    host: str
+    port: int
+    url: str
+    status: int
+    bytes_out: int  # from the sandbox
+    bytes_in: int  # to the sandbox
+    result: str  # squid's result code, e.g. TCP_MISS, TCP_MEM_HIT, TCP_DENIED, TCP_TUNNEL
+    server: str  # the address connected to ('-' when none)
+    allowed: bool
+    rule: str
+
+    def as_row(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _int(s: str) -> int:
+    try:
+        return max(0, min(int(s), 1 << 62))
+    except ValueError:
+        return 0
+
+
+def parse_line(line: str, policy: EgressPolicy) -> EgressRecord | None:
+    """One access.log line (LOG_FORMAT), or None when it is not one of ours."""
+    parts = line.rstrip("\n").split(" ", 10)
+    if len(parts) != 11:
+        return None
+    ts, client, method, host, port, status, out_b, in_b, result, server, url = parts
+    try:
+        t = float(ts)
+    except ValueError:
+        return None
+    port_n = _int(port) if port != "-" else (443 if method == "CONNECT" else 80)
+    allowed = "DENIED" not in result
+    host = host[:MAX_FIELD]
+    return EgressRecord(
+        time=t,
+        client=client[:64],
+        method=method[:32],
+        host=host,
+        port=port_n,
+        url=url[:MAX_FIELD],
+        status=_int(status),
+        bytes_out=_int(out_b),
+        bytes_in=_int(in_b),
+        result=result[:64],
+        server=server[:64],
+        allowed=allowed,
+        rule=policy.explain(host, port_n, allowed),
+    )
+
+
+def read_records(
+    endpoint: Endpoint, policy: EgressPolicy, client: str, since: float, until: float | None = None
+) -> list[EgressRecord]:
+    """The requests of address `client` logged in [since, until) (squid writes a line when a
+    request ends; a tunnel still open is not there yet). Bounded: the last MAX_LOG_BYTES of
+    the log, at most MAX_RECORDS records."""
+    path = endpoint.state_dir / "access.log"
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            f.seek(max(0, size - MAX_LOG_BYTES))
+            data = f.read(MAX_LOG_BYTES)
+    except OSError:
+        return []
+    out: list[EgressRecord] = []
+    for raw in data.decode("utf-8", "replace").splitlines():
+        if not raw.startswith(tuple("0123456789")):
+            continue
+        rec = parse_line(raw, policy)
+        if rec is None or rec.client != client or rec.time < since:
+            continue
+        if until is not None and rec.time >= until:
+            continue
+        out.append(rec)
+        if len(out) >= MAX_RECORDS:
+            break
+    return out
+
+
+def policy_of(limits: Any) -> EgressPolicy:
+    """The egress policy of a sandbox's limits (network 'allowlist' or 'open')."""
+    return EgressPolicy.build(limits.network, limits.egress_allow)
+
+
+def endpoint_for(api: Any, limits: Any) -> Endpoint:
+    """The shared proxy endpoint for a sandbox with these limits, started on first use."""
+    from sandbox.netpolicy import parse_hosts
+
+    return ensure(api, policy_of(limits), parse_hosts(limits.egress_hosts) or None)

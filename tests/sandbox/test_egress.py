@@ -1,0 +1,417 @@
+"""Network policy `allowlist` on the docker backend: the egress proxy lets through what is
+listed, refuses everything else, and records every request against its sandbox.
+
+Every "outside" here is a listener this test starts itself: a package index (pypiserver)
+and probe listeners on 127.0.0.1, probe listeners on the egress network's gateway address
+(the host side of the docker network the test's policy creates), and a second sandbox.
+Names the proxy resolves come from the policy's own hosts file (egress_hosts), so no test
+traffic reaches any other address; "forbidden" addresses (169.254.169.254, 10.99.0.1) are
+refused by the proxy before it connects, which is what the test checks.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox import SandboxConfig, SandboxLimits, egress, open_sandbox
+from sandbox.base import SandboxError
+from sandbox.docker_backend import DockerSandbox
+from sandbox.netpolicy import EgressPolicy, PolicyError, parse_entry
+
+pytestmark = pytest.mark.skipif(egress.unavailable() is not None, reason=str(egress.unavailable()))
+
+WHEEL = "sfegress_probe-1.0-py3-none-any.whl"
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def build_wheel(folder: Path, payload_bytes: int = 0) -> Path:
+    """A minimal pure-Python wheel (what `pip wheel` would make for a one-module package)."""
+    path = folder / WHEEL
+    files = {
+        "sfegress_probe/__init__.py": "VALUE = 'installed through the egress proxy'\n",
+        "sfegress_probe/blob.bin": "x" * payload_bytes,
+        "sfegress_probe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: sfegress-probe\nVersion: 1.0\n",
+        "sfegress_probe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: sandflow-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + "sfegress_probe-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+        z.writestr("sfegress_probe-1.0.dist-info/RECORD", record)
+    return path
+
+
+def start_index(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """pypiserver serving `folder` on 127.0.0.1 (a real package index, local)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pypiserver",
+            "run",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(100):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("pypiserver did not start")
+
+
+class Probe:
+    """A TCP or UDP listener that counts what reaches it (it must stay at zero)."""
+
+    def __init__(self, host: str, port: int = 0, udp: bool = False) -> None:
+        self.hits = 0
+        kind = socket.SOCK_DGRAM if udp else socket.SOCK_STREAM
+        self.sock = socket.socket(socket.AF_INET, kind)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.port = int(self.sock.getsockname()[1])
+        if not udp:
+            self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.udp = udp
+        self.stop = False
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self.stop:
+            try:
+                if self.udp:
+                    self.sock.recvfrom(4096)
+                else:
+                    conn, _ = self.sock.accept()
+                    conn.close()
+                self.hits += 1
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self.stop = True
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    folder = tmp_path_factory.mktemp("index")
+    build_wheel(folder)
+    proc, port = start_index(folder)
+    yield port
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def limits(index: int) -> SandboxLimits:
+    return SandboxLimits(
+        memory_mb=512,
+        pids=128,
+        tmp_size_mb=256,
+        network="allowlist",
+        egress_allow=(f"pypi.test:{index}", f"127.0.0.1:{index}", "meta.test", "lan.test:80"),
+        egress_hosts=("pypi.test=127.0.0.1", "meta.test=169.254.169.254", "lan.test=10.99.0.1"),
+    )
+
+
+@pytest.fixture(scope="module")
+def endpoint(limits: SandboxLimits, sandbox_image: str) -> Iterator[egress.Endpoint]:
+    from sandbox.engine import docker_client
+
+    api = docker_client().api
+    ep = egress.endpoint_for(api, limits)
+    yield ep
+    egress.teardown(api, ep)
+
+
+@pytest.fixture
+def open_box(
+    limits: SandboxLimits, endpoint: egress.Endpoint, test_run_id: str
+) -> Iterator[Callable[[str], DockerSandbox]]:
+    opened: list[DockerSandbox] = []
+
+    def open_(episode: str) -> DockerSandbox:
+        sb = open_sandbox(SandboxConfig(run_id=test_run_id, episode_id=episode, limits=limits))
+        assert isinstance(sb, DockerSandbox)
+        opened.append(sb)
+        return sb
+
+    yield open_
+    for sb in opened:
+        sb.close()
+
+
+def test_pip_install_goes_through_the_proxy_and_is_recorded(
+    open_box: Callable[[str], DockerSandbox], index: int
+) -> None:
+    sb = open_box("pip")
+    t0 = time.time()
+    r = sb.exec(
+        f"pip install --no-cache-dir --trusted-host pypi.test"
+        f" --index-url http://pypi.test:{index}/simple/ sfegress-probe"
+        " && python -c 'import sfegress_probe; print(sfegress_probe.VALUE)'",
+        timeout=120,
+    )
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert "installed through the egress proxy" in r.stdout
+    # urllib and curl need nothing configured either
+    r = sb.exec(
+        f"python -c \"import urllib.request as u; print(u.urlopen('http://pypi.test:{index}/simple/').status)\""
+        f" && curl -sf -o /dev/null -w '%{{http_code}}' http://pypi.test:{index}/simple/sfegress-probe/"
+    )
+    assert r.exit_code == 0 and r.stdout.split() == ["200", "200"], r.stdout + r.stderr
+    records = sb.egress_records(t0)
+    wheel = [x for x in records if x.url.endswith(WHEEL)]
+    assert len(wheel) == 1, records
+    w = wheel[0]
+    assert (w.method, w.host, w.port, w.status, w.allowed) == ("GET", "pypi.test", index, 200, True)
+    assert w.rule == f"allow: pypi.test:{index}"
+    assert w.bytes_in > 500 and w.bytes_out > 50 and w.server == "127.0.0.1"
+    assert t0 - 1 <= w.time <= time.time() + 1
+    assert all(x.client == sb.egress_address for x in records)
+    assert len(records) >= 4  # index page, wheel, urllib, curl
+
+
+PROBE_SCRIPT = r"""
+import json, os, socket, sys, urllib.request, urllib.error
+out = {}
+# explicitly through the proxy: the sandbox's no_proxy sends 127.0.0.1 to its own loopback
+os.environ.pop("no_proxy", None); os.environ.pop("NO_PROXY", None)
+via_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({"http": os.environ["http_proxy"]}))
+def http(name, url):
+    try:
+        out[name] = via_proxy.open(url, timeout=10).status
+    except urllib.error.HTTPError as e:
+        out[name] = e.code
+    except Exception as e:
+        out[name] = type(e).__name__
+def tcp(name, host, port):
+    try:
+        socket.create_connection((host, port), timeout=3).close(); out[name] = "connected"
+    except Exception as e:
+        out[name] = type(e).__name__
+def udp(name, host, port, payload=b"ping"):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
+    try:
+        s.sendto(payload, (host, port)); s.recvfrom(512); out[name] = "answered"
+    except Exception as e:
+        out[name] = type(e).__name__
+def dns(name, host):
+    try:
+        out[name] = socket.getaddrinfo(host, 80)[0][4][0]
+    except Exception as e:
+        out[name] = type(e).__name__
+cfg = json.loads(sys.argv[1])
+http("not_listed", "http://notallowed.test/")
+http("allowed_name_forbidden_addr", "http://meta.test/latest/meta-data/")
+http("allowed_name_private_addr", "http://lan.test/")
+http("metadata_ip", "http://169.254.169.254/latest/meta-data/")
+http("host_loopback_other_port", "http://127.0.0.1:%d/" % cfg["loop_port"])
+http("listed_name_other_port", "http://pypi.test:%d/" % cfg["loop_port"])
+http("other_sandbox_via_proxy", "http://%s:%d/" % (cfg["peer"], cfg["peer_port"]))
+tcp("direct_tcp_gateway", cfg["gw"], cfg["gw_tcp"])
+tcp("direct_tcp_proxy_host_other_port", cfg["gw"], 22)
+tcp("direct_tcp_other_sandbox", cfg["peer"], cfg["peer_port"])
+udp("udp_gateway", cfg["gw"], cfg["gw_udp"])
+q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07outside\x04test\x00\x00\x01\x00\x01"
+udp("dns_direct_gateway", cfg["gw"], 53, q)
+dns("dns_via_engine_resolver", "outside.test")
+print(json.dumps(out))
+"""
+
+
+def test_every_forbidden_path_is_refused(
+    open_box: Callable[[str], DockerSandbox], endpoint: egress.Endpoint, index: int
+) -> None:
+    loop_probe = Probe("127.0.0.1")  # a host service on 127.0.0.1 that is not listed
+    gw_tcp = Probe(endpoint.gateway)  # a host service on the bridge address
+    gw_udp = Probe(endpoint.gateway, udp=True)
+    dns_probe = Probe(endpoint.gateway, 53, udp=True)  # where the engine's resolver forwards
+    probes = [loop_probe, gw_tcp, gw_udp, dns_probe]
+    try:
+        peer = open_box("peer")
+        peer.exec("nohup python -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 &")
+        up = peer.exec(
+            "for i in $(seq 50); do curl -s --noproxy '*' -o /dev/null -w '%{http_code}' "
+            "http://127.0.0.1:8000/ && break; sleep 0.2; done"
+        )
+        assert up.stdout.endswith("200"), up
+        sb = open_box("attacker")
+        t0 = time.time()
+        cfg = {
+            "loop_port": loop_probe.port,
+            "gw": endpoint.gateway,
+            "gw_tcp": gw_tcp.port,
+            "gw_udp": gw_udp.port,
+            "peer": peer.egress_address,
+            "peer_port": 8000,
+        }
+        sb.write_file("probe.py", PROBE_SCRIPT)
+        r = sb.exec(f"python probe.py '{json.dumps(cfg)}'", timeout=90)
+        assert r.exit_code == 0, r.stderr
+        out = json.loads(r.stdout)
+        for name in (
+            "not_listed",
+            "allowed_name_forbidden_addr",
+            "allowed_name_private_addr",
+            "metadata_ip",
+            "host_loopback_other_port",
+            "listed_name_other_port",
+            "other_sandbox_via_proxy",
+        ):
+            assert out[name] == 403, (name, out)
+        for name in (
+            "direct_tcp_gateway",
+            "direct_tcp_proxy_host_other_port",
+            "direct_tcp_other_sandbox",
+        ):
+            assert out[name] in ("ConnectionRefusedError", "TimeoutError", "OSError"), (name, out)
+        for name in ("udp_gateway", "dns_direct_gateway"):
+            assert out[name] != "answered", (name, out)
+        assert out["dns_via_engine_resolver"] == "gaierror", out
+        time.sleep(0.5)
+        assert [p.hits for p in probes] == [0, 0, 0, 0]  # nothing reached any listener
+        # every request the proxy refused is recorded, denied, with the rule that refused it
+        rules = {(x.host, x.port): x.rule for x in sb.egress_records(t0) if not x.allowed}
+        assert rules[("notallowed.test", 80)] == "deny: not in allowlist"
+        assert rules[("meta.test", 80)] == "deny: meta.test resolves to a forbidden address"
+        assert rules[("lan.test", 80)] == "deny: lan.test:80 resolves to a forbidden address"
+        assert rules[("169.254.169.254", 80)] == "deny: forbidden address 169.254.0.0/16"
+        assert (
+            rules[("127.0.0.1", loop_probe.port)]
+            == f"deny: port {loop_probe.port} not allowed for 127.0.0.1"
+        )
+        assert (
+            rules[("pypi.test", loop_probe.port)]
+            == f"deny: port {loop_probe.port} not allowed for pypi.test"
+        )
+        assert rules[(peer.egress_address, 8000)].startswith("deny: forbidden address")
+        assert len(rules) == 7
+        assert peer.egress_records(t0) == []  # another sandbox's requests are not its own
+    finally:
+        for p in probes:
+            p.close()
+
+
+def test_policy_entries_are_checked_with_clear_errors() -> None:
+    assert parse_entry("*.pythonhosted.org:443").matches_host("files.pythonhosted.org")
+    assert parse_entry("*.pythonhosted.org").matches_host("pythonhosted.org")
+    assert not parse_entry("pypi.org").matches_host("evilpypi.org")
+    assert parse_entry("10.0.0.0/8:80,8000-8010").matches_port(8005)
+    assert not parse_entry("[::1]:80").matches_port(443)
+    for bad, why in [
+        ("pypi.org:0", "outside 1-65535"),
+        ("a b", "not a hostname"),
+        ("x:port", "not a port"),
+    ]:
+        with pytest.raises(PolicyError, match=why):
+            parse_entry(bad)
+    with pytest.raises(ValueError, match="egress_allow is set but network is 'none'"):
+        SandboxLimits(egress_allow=("pypi.org",))
+    with pytest.raises(ValueError, match="'bad host'"):
+        SandboxLimits(network="allowlist", egress_allow=("bad host",))
+    # one proxy per distinct policy, the same for the same entries in any order
+    a = EgressPolicy.build("allowlist", ["a.org", "b.org"])
+    assert a.key == EgressPolicy.build("allowlist", ["b.org", "a.org"]).key
+    assert a.key != EgressPolicy.build("open", []).key
+
+
+def test_bwrap_refuses_allowlist_clearly(limits: SandboxLimits) -> None:
+    with pytest.raises(SandboxError, match="docker backend only"):
+        open_sandbox(SandboxConfig(backend="bwrap", limits=limits))
+
+
+def test_episode_turns_carry_their_requests_into_the_egress_view(
+    open_box: Callable[[str], DockerSandbox], index: int, scripted_model: object, tmp_path: Path
+) -> None:
+    """A scripted model pip-installs in one turn, is refused in the next: the warehouse's
+    `egress` view has each request with its run, episode and turn."""
+    from datasets_prep.task import Task
+    from tasks.loop import run_episode
+    from tests.scripted_model import ScriptedModel, tool_reply
+    from tests.tasks.conftest import fast_model
+    from warehouse.query import WarehouseQuery
+    from warehouse.writer import EpisodeWriter
+
+    assert isinstance(scripted_model, ScriptedModel)
+    pip = (
+        "pip install -q --no-cache-dir --trusted-host pypi.test "
+        f"--index-url http://pypi.test:{index}/simple/ sfegress-probe"
+    )
+    scripted_model.push(
+        tool_reply("execute_bash", {"command": "echo no network here"}),
+        tool_reply("execute_bash", {"command": pip}),
+        tool_reply("execute_bash", {"command": "curl -s -o /dev/null http://notallowed.test/"}),
+        # no command rule sees the network here; the traffic does
+        tool_reply("execute_bash", {"command": "python3 /testbed/documents/fetch.py"}),
+        tool_reply("submit", {}),
+    )
+    sb = open_box("episode")
+    fetch = f"import urllib.request as u\nu.urlopen('http://pypi.test:{index}/simple/').read()\n"
+    task = Task(
+        id="t",
+        domain="chem",
+        problem_statement="install it",
+        ground_truth="x",
+        input_files={"fetch.py": fetch},
+    )
+    with EpisodeWriter(tmp_path) as writer:
+        result = run_episode(
+            task, fast_model(scripted_model), recorder=writer, sandbox=sb, run_id="egress-run"
+        )
+    assert result.record.termination == "submitted"
+    with WarehouseQuery(tmp_path) as q:
+        rows = q.rows(
+            "SELECT turn_index, method, host, port, status, allowed, rule, bytes_in, url "
+            "FROM egress ORDER BY time"
+        )
+        by_turn = q.rows("SELECT turn_index, count(*) FROM egress GROUP BY ALL ORDER BY 1")
+    assert {r[0] for r in rows} == {1, 2, 3}, rows  # turn 0 made no request
+    wheel = [r for r in rows if r[8] and r[8].endswith(WHEEL)]
+    assert len(wheel) == 1 and wheel[0][:6] == (1, "GET", "pypi.test", index, 200, True)
+    assert wheel[0][6] == f"allow: pypi.test:{index}" and wheel[0][7] > 500
+    denied = [r for r in rows if not r[5]]
+    assert [(r[0], r[2], r[4], r[6]) for r in denied] == [
+        (2, "notallowed.test", 403, "deny: not in allowlist")
+    ]
+    assert by_turn[1] == (2, 1)
+    # the external_resource label comes from the traffic where there was traffic
+    from analysis.metrics import turn_labels, usage_call_rows
+    from warehouse import Warehouse
+
+    data = Warehouse(tmp_path).load_run("egress-run")
+    caps = {r["turn_index"]: r["capabilities"] for r in turn_labels(data)}
+    assert "external_resource" not in caps[0]
+    assert "external_resource" in caps[3]  # python3 fetch.py: computation by its command alone
+    traffic = [r for r in usage_call_rows(data) if r["tool"] == "egress"]
+    assert [(r["turn_index"], r["capability"]) for r in traffic] == [
+        (1, "external_resource"),
+        (3, "external_resource"),
+    ]
+    assert traffic[1]["detail"] == f"egress: 1 requests (pypi.test:{index})"
