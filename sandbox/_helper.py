@@ -964,18 +964,36 @@ def op_get(req):
 # ----------------------------------------------------------------------------- reset
 
 
-WIPE_ROOTS = ("/tmp", "/dev/shm", "/dev/mqueue")  # + WORKDIR and HOME (see wipe_roots)
+# + WORKDIR and HOME; each only where the sandbox user can write (see wipe_roots)
+WIPE_ROOTS = ("/tmp", "/dev/shm", "/dev/mqueue", "/var/tmp", "/run", "/run/lock")
 SYSVIPC = ("shm", "sem", "msg")
 RESET_KILL_S = 3.0
 WIPE_S = 30.0
 BOOT_STATE: dict = {}  # what a fresh sandbox looks like, taken before the first shell
 
 
+def user_writable(root):
+    """Can the sandbox user create entries in `root` (a writable mount, and its owner or
+    a world-writable folder)?"""
+    try:
+        st = os.lstat(root)
+        vfs = os.statvfs(root)
+    except OSError:
+        return False
+    if vfs.f_flag & os.ST_RDONLY or not stat.S_ISDIR(st.st_mode):
+        return False
+    if st.st_uid == SANDBOX_UID:
+        return bool(st.st_mode & stat.S_IWUSR)
+    return bool(st.st_mode & stat.S_IWOTH) or (
+        st.st_gid == SANDBOX_GID and bool(st.st_mode & stat.S_IWGRP)
+    )
+
+
 def wipe_roots():
     home = os.environ.get("HOME", "/home/sandbox")
     out = []
     for root in (WORKDIR, home) + WIPE_ROOTS:
-        if root not in out and os.path.isdir(root) and not os.path.islink(root):
+        if root not in out and user_writable(root):
             out.append(root)
     return out
 
@@ -1103,7 +1121,13 @@ def wipe_as_user():
                 break
             data += chunk
     os.close(r)
-    kill_all()  # the wiper too, if it overran
+    if not data:  # the wiper overran (or died): it goes with everything else
+        others_gone()
+    for _ in range(200):  # the wiper exits right after its report
+        reap()
+        if pid in DEAD:
+            break
+        time.sleep(0.001)
     try:
         report = json.loads(data.decode() or "null")
     except ValueError:
@@ -1114,12 +1138,24 @@ def wipe_as_user():
 
 
 def others_gone():
-    """SIGKILL every process but us until none is left (False if it would not converge)."""
+    """SIGKILL every process but us until none is left (False if it would not converge).
+
+    kill(-1) reaches every process of the namespace in one kernel walk; the dead are
+    reaped (orphans are re-parented to us) and /proc is read again until only PID 1 is left.
+    """
+    if os.getpid() != 1:
+        return False
     deadline = time.monotonic() + RESET_KILL_S
+    pause = 0.001
     while time.monotonic() < deadline:
+        reap()
         if set(proc_table()) <= {1}:
             return True
-        kill_all()
+        with contextlib.suppress(OSError):
+            os.kill(-1, signal.SIGKILL)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    reap()
     return set(proc_table()) <= {1}
 
 

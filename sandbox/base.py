@@ -10,7 +10,7 @@ broken infrastructure (`SandboxError`: retry the episode elsewhere).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -60,6 +60,19 @@ class SandboxLimits(BaseModel):
         (), description="NAME=ADDRESS lines for the egress proxy's resolver (local listeners)"
     )
     tmp_size_mb: int = Field(1024, ge=16, description="size bound of writable scratch space")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _network_spec(cls, data: Any) -> Any:
+        """`network="allowlist:pypi.org *.pythonhosted.org:443"` (one string, as a flag, an
+        env var or a task's metadata carry it): the mode and its entries, split on spaces
+        or ';'."""
+        if isinstance(data, dict) and isinstance(data.get("network"), str):
+            mode, sep, entries = data["network"].partition(":")
+            if sep:
+                allow = tuple(e for e in entries.replace(";", " ").split() if e)
+                data = {**data, "network": mode.strip(), "egress_allow": allow}
+        return data
 
     @model_validator(mode="after")
     def _check_egress(self) -> SandboxLimits:

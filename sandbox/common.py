@@ -404,17 +404,23 @@ class HelperSandbox(ABC):
             return ["the helper's reset answer was malformed"]
         return [str(item)[:200] for item in failed[:10]]
 
-    def begin_episode(self, config: SandboxConfig) -> None:
+    def begin_episode(self, config: SandboxConfig, ping: bool = True) -> None:
         """Hand a pooled sandbox to the next episode: its ids, its own wall clock.
 
         `config` must match the pool's key (same image, limits but the wall clock, workdir,
-        env); the pool checks that before calling.
+        env); the pool checks that before calling. One round trip re-arms the helper's own
+        lifetime; it is skipped when neither this episode nor the last had one and `ping`
+        is False (the pool's sandbox answered its reset moments ago).
         """
-        self.config = config
+        self._check_alive()
         wall = config.limits.wall_clock_s
+        armed = getattr(self, "_helper_lifetime", bool(self.config.limits.wall_clock_s))
+        self.config = config
         self._expired = False
         self._expires_at = time.monotonic() + wall if wall else None
-        self._helper_call({"op": "lifetime", "s": wall + 5.0 if wall else 0})
+        if ping or wall or armed:
+            self._helper_call({"op": "lifetime", "s": wall + 5.0 if wall else 0})
+        self._helper_lifetime = bool(wall)
 
     # ------------------------------------------------------------------ lifecycle
     def kill(self) -> None:

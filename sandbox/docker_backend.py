@@ -118,12 +118,16 @@ class DockerSandbox(HelperSandbox):
         self._holder: netns.Holder | None = None
         self.egress: egress.Endpoint | None = None  # network allowlist/open: its proxy
         self.egress_address = ""  # this sandbox's address on the egress network
+        self._egress_cursor: egress.LogCursor | None = None
+        # requests that ended before this are an earlier owner of the address
+        self._created_at = time.time()
         self.labels = make_labels(config, self.backend)
         t0 = time.perf_counter()
         ensure_image(self.client, self.image)
         reaper.ensure_started(docker=True, docker_host=config.docker_host)  # kill -9 safety
         if config.limits.network in ("allowlist", "open"):
             self.egress = egress.endpoint_for(self.api, config.limits)
+            self._egress_cursor = egress.LogCursor.at_end(self.egress)
         self._start()
         self.start_s = time.perf_counter() - t0
 
@@ -319,8 +323,10 @@ class DockerSandbox(HelperSandbox):
         (epoch seconds)."""
         if self.egress is None or not self.egress_address:
             return []
+        since = max(since, self._created_at)  # the engine reuses a removed sandbox's address
+        policy = egress.policy_of(self.config.limits)
         return egress.read_records(
-            self.egress, egress.policy_of(self.config.limits), self.egress_address, since, until
+            self.egress, policy, self.egress_address, since, until, self._egress_cursor
         )
 
     # files go through the helper: it runs as the sandbox user and sees every tmpfs mount

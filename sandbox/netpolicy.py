@@ -40,7 +40,8 @@ FORBIDDEN_NETS: tuple[str, ...] = (
     "240.0.0.0/4",
     "::/128",
     "::1/128",
-    "::ffff:0:0/96",
+    # not "::ffff:0:0/96": squid keeps IPv4 addresses in that mapped form, so to it the
+    # entry means every IPv4 address; mapped addresses are checked as the IPv4 they carry
     "64:ff9b::/96",
     "2002::/16",
     "fc00::/7",
@@ -165,6 +166,8 @@ class EgressPolicy:
     def explain(self, host: str, port: int, allowed: bool) -> str:
         """The rule behind a logged decision (the proxy applied the same rules in this order)."""
         addr = _address(host)
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
         forbidden = [ipaddress.ip_network(n) for n in FORBIDDEN_NETS]
         listed = self.listed_nets()
         if (
@@ -189,7 +192,8 @@ class EgressPolicy:
 
 def squid_rules(policy: EgressPolicy) -> str:
     """The policy as squid `acl` / `http_access` lines (first match wins)."""
-    lines = ["acl CONNECT method CONNECT"]
+    # squid's cache manager (its own URLs) is no sandbox's business, whatever the mode
+    lines = ["acl CONNECT method CONNECT", "http_access deny manager"]
     lines.append("acl sf_forbidden dst " + " ".join(FORBIDDEN_NETS))
     listed = policy.listed_nets()
     if listed:

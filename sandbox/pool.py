@@ -42,6 +42,7 @@ from sandbox import registry
 from sandbox.base import SandboxClosed, SandboxConfig, SandboxError
 
 log = logging.getLogger("sandflow.sandbox.pool")
+PING_AFTER_S = 30.0  # idle longer than this: acquire checks it answers (one round trip)
 START_SLACK_S = 90.0  # a creation already handed to a waiter finishes within its own bounds
 
 
@@ -114,11 +115,11 @@ class CreationPacer:
 class _Slot:
     """One pooled sandbox and its history."""
 
-    __slots__ = ("box", "born", "episodes", "leased")
+    __slots__ = ("box", "born", "episodes", "leased", "ready_at")
 
     def __init__(self, box: Any) -> None:
         self.box = box
-        self.born = time.monotonic()
+        self.born = self.ready_at = time.monotonic()  # ready_at: when it last answered
         self.episodes = 0
         self.leased = False
 
@@ -195,7 +196,8 @@ class SandboxPool:
         while True:
             slot = self._take(deadline)
             try:
-                slot.box.begin_episode(config)
+                ping = time.monotonic() - slot.ready_at > PING_AFTER_S
+                slot.box.begin_episode(config, ping=ping)
             except Exception as e:  # noqa: BLE001 - died while idle: next one
                 log.info("pooled sandbox %s unusable (%s); taking another", slot.box.name, e)
                 self._destroy(slot)
@@ -383,6 +385,7 @@ class SandboxPool:
             self._destroy(slot)
             self._replace()
             return
+        slot.ready_at = time.monotonic()
         self._offer(slot)
 
     def _retire_later(self, slot: _Slot) -> None:

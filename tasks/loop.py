@@ -36,7 +36,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from datasets_prep.task import Task, check_runnable
-from sandbox.base import Sandbox, SandboxConfig, SandboxError
+from sandbox.base import Sandbox, SandboxConfig, SandboxError, SandboxLimits
 from tasks.answers import extract_answer
 from tasks.model import ContextLengthError, ModelClient, ModelConfig, ModelError, ModelReply
 from tasks.prompts import PromptSet, load_prompts
@@ -152,7 +152,7 @@ def run_episode(
             episode.run_llm()
         else:
             if sandbox is None:
-                owned = sandbox = _open_sandbox(_sandbox_config(sandbox_cfg, record))
+                owned = sandbox = _open_sandbox(_sandbox_config(sandbox_cfg, record, task))
             episode.run_sandbox(sandbox, output_dir)
     except _End as end:
         episode.end(end, sandbox)
@@ -253,7 +253,7 @@ class SteppedEpisode:
         self.recorder.start_episode(self.record)
         try:
             if self._sandbox is None:
-                cfg = _sandbox_config(self._sandbox_cfg, self.record)
+                cfg = _sandbox_config(self._sandbox_cfg, self.record, self._ep.task)
                 self._owned = self._sandbox = _open_sandbox(cfg)
             self._ep.watch_egress(self._sandbox)
             self._ep._place_inputs(self._sandbox)
@@ -379,11 +379,26 @@ def _check_task(task: Task) -> None:
     check_runnable(task)
 
 
-def _sandbox_config(sandbox_cfg: SandboxConfig | None, record: EpisodeRecord) -> SandboxConfig:
-    """The sandbox's config, labelled with the episode it belongs to (gc finds it by label)."""
-    return (sandbox_cfg or SandboxConfig()).model_copy(
-        update={"run_id": record.run_id, "episode_id": record.episode_id}
-    )
+def _sandbox_config(
+    sandbox_cfg: SandboxConfig | None, record: EpisodeRecord, task: Task
+) -> SandboxConfig:
+    """The sandbox's config, labelled with the episode it belongs to (gc finds it by label).
+
+    A task's `metadata["network"]` (e.g. "allowlist:pypi.org *.pythonhosted.org:443")
+    overrides the run's network policy for its episodes."""
+    cfg = sandbox_cfg or SandboxConfig()
+    update: dict[str, Any] = {"run_id": record.run_id, "episode_id": record.episode_id}
+    spec = task.metadata.get("network")
+    if spec is not None:
+        try:
+            update["limits"] = SandboxLimits.model_validate(
+                {**cfg.limits.model_dump(exclude={"network", "egress_allow"}), "network": spec}
+            )
+        except (ValueError, TypeError) as exc:
+            raise _End(
+                "sandbox_error", f"task {task.id}: metadata.network {str(spec)[:200]!r}: {exc}"
+            ) from None
+    return cfg.model_copy(update=update)
 
 
 def _open_sandbox(cfg: SandboxConfig) -> Sandbox:

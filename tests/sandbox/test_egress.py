@@ -19,6 +19,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -232,6 +233,7 @@ http("not_listed", "http://notallowed.test/")
 http("allowed_name_forbidden_addr", "http://meta.test/latest/meta-data/")
 http("allowed_name_private_addr", "http://lan.test/")
 http("metadata_ip", "http://169.254.169.254/latest/meta-data/")
+http("metadata_ip_as_mapped_v6", "http://[::ffff:169.254.169.254]/latest/meta-data/")
 http("host_loopback_other_port", "http://127.0.0.1:%d/" % cfg["loop_port"])
 http("listed_name_other_port", "http://pypi.test:%d/" % cfg["loop_port"])
 http("other_sandbox_via_proxy", "http://%s:%d/" % (cfg["peer"], cfg["peer_port"]))
@@ -281,6 +283,7 @@ def test_every_forbidden_path_is_refused(
             "allowed_name_forbidden_addr",
             "allowed_name_private_addr",
             "metadata_ip",
+            "metadata_ip_as_mapped_v6",
             "host_loopback_other_port",
             "listed_name_other_port",
             "other_sandbox_via_proxy",
@@ -312,7 +315,10 @@ def test_every_forbidden_path_is_refused(
             == f"deny: port {loop_probe.port} not allowed for pypi.test"
         )
         assert rules[(peer.egress_address, 8000)].startswith("deny: forbidden address")
-        assert len(rules) == 7
+        denied = [x for x in sb.egress_records(t0) if not x.allowed]
+        assert len(denied) == 8, denied  # one record per refused request
+        metadata = [x.rule for x in denied if "169.254" in x.host or "ffff" in x.host]
+        assert metadata == ["deny: forbidden address 169.254.0.0/16"] * 2  # plain + v6-mapped
         assert peer.egress_records(t0) == []  # another sandbox's requests are not its own
     finally:
         for p in probes:
@@ -415,3 +421,101 @@ def test_episode_turns_carry_their_requests_into_the_egress_view(
         (3, "external_resource"),
     ]
     assert traffic[1]["detail"] == f"egress: 1 requests (pypi.test:{index})"
+
+
+def test_network_spec_per_run_and_per_task() -> None:
+    """One string carries the policy (a flag, SANDFLOW_NETWORK, a task's metadata.network);
+    a task's metadata overrides the run's policy for its episodes."""
+    from datasets_prep.task import Task
+    from tasks.loop import _End, _sandbox_config
+    from tasks.records import EpisodeRecord
+
+    lim = SandboxLimits(network="allowlist:pypi.org *.pythonhosted.org:443;10.0.0.0/8:80,8080")
+    assert lim.network == "allowlist"
+    assert lim.egress_allow == ("pypi.org", "*.pythonhosted.org:443", "10.0.0.0/8:80,8080")
+    run_cfg = SandboxConfig(limits=SandboxLimits(network="none", memory_mb=300))
+    record = EpisodeRecord(
+        run_id="r",
+        episode_id="e",
+        task_id="t",
+        domain="d",
+        mode="sandbox",
+        model="m",
+        started_at=datetime.now(UTC),
+    )
+
+    def task(**meta: object) -> Task:
+        return Task(id="t", domain="d", problem_statement="p", ground_truth="g", metadata=meta)
+
+    assert _sandbox_config(run_cfg, record, task()).limits.network == "none"
+    cfg = _sandbox_config(run_cfg, record, task(network="allowlist:files.example.org:443"))
+    assert (cfg.limits.network, cfg.limits.egress_allow) == (
+        "allowlist",
+        ("files.example.org:443",),
+    )
+    assert cfg.limits.memory_mb == 300 and cfg.episode_id == "e"
+    assert _sandbox_config(run_cfg, record, task(network="open")).limits.network == "open"
+    with pytest.raises(_End) as bad:
+        _sandbox_config(run_cfg, record, task(network="allowlist:bad|host"))
+    assert "task t: metadata.network" in str(bad.value.error) and "bad|host" in str(bad.value.error)
+
+
+def test_log_reading_is_incremental_per_sandbox_and_bounded(tmp_path: Path) -> None:
+    """The shared access log is read from a per-sandbox cursor: each turn reads what came
+    since; a line squid is still writing waits; other addresses' lines are not ours."""
+    ep = egress.Endpoint("n", "10.0.0.1", 13128, tmp_path)
+    policy = EgressPolicy.build("allowlist", ["pypi.test:80"])
+    log = tmp_path / "access.log"
+
+    def line(t: float, client: str, host: str = "pypi.test", url: str = "http://pypi.test/") -> str:
+        return f"{t:.3f} {client} GET {host} 80 200 100 2000 TCP_MISS 127.0.0.1 {url}\n"
+
+    log.write_text(line(90, "10.0.0.2"))
+    cursor = egress.LogCursor.at_end(ep)  # a sandbox created now: older lines are not its own
+    with open(log, "a") as f:
+        f.write(line(101, "10.0.0.2") + line(102, "10.0.0.3") + line(103, "10.0.0.2", "x.test"))
+        f.write("104.000 10.0.0.2 GET pypi.test 80 200 1")  # squid is still writing this one
+    turn1 = egress.read_records(ep, policy, "10.0.0.2", 100, 103, cursor)
+    assert [(r.time, r.host, r.rule) for r in turn1] == [
+        (101.0, "pypi.test", "allow: pypi.test:80")
+    ]
+    turn2 = egress.read_records(ep, policy, "10.0.0.2", 103, 200, cursor)
+    assert [(r.host, r.allowed) for r in turn2] == [("x.test", True)]  # status came from squid
+    with open(log, "a") as f:
+        f.write("00 2000 TCP_MISS 127.0.0.1 http://pypi.test/late\n")
+        f.write(line(105, "10.0.0.2", url="http://pypi.test/" + "a" * 100_000))
+    turn3 = egress.read_records(ep, policy, "10.0.0.2", 200, 300, cursor)
+    assert turn3 == []
+    late = egress.read_records(ep, policy, "10.0.0.2", 103, 300, egress.LogCursor())
+    assert [r.time for r in late] == [103.0, 104.0, 105.0]
+    assert len(late[2].url) == egress.MAX_FIELD  # every field from the log is bounded
+
+
+def test_open_mode_still_refuses_forbidden_addresses_and_the_proxy_itself(
+    sandbox_image: str, test_run_id: str
+) -> None:
+    """`open` lets any name through, never a forbidden address nor squid's own manager."""
+    from sandbox.engine import docker_client
+
+    lim = SandboxLimits(memory_mb=512, network="open", egress_hosts=("loop.test=127.0.0.1",))
+    api = docker_client().api
+    ep = egress.endpoint_for(api, lim)
+    try:
+        cfg = SandboxConfig(run_id=test_run_id, episode_id="open", limits=lim)
+        with open_sandbox(cfg) as sb:
+            t0 = time.time()
+            urls = [
+                "http://sandflow-egress:13128/squid-internal-mgr/info",
+                f"http://{ep.gateway}:13128/squid-internal-mgr/info",
+                "http://loop.test:8080/",
+                "http://169.254.169.254/",
+            ]
+            for u in urls:
+                r = sb.exec(f"curl -s -o /dev/null -w '%{{http_code}}' '{u}'")
+                assert r.stdout == "403", (u, r)
+            time.sleep(0.3)
+            records = sb.egress_records(t0)  # type: ignore[attr-defined]
+            assert len(records) == 4 and not any(x.allowed for x in records)
+            assert all(x.rule.startswith("deny: forbidden address") for x in records)
+    finally:
+        egress.teardown(api, ep)

@@ -21,7 +21,8 @@ from sandbox import Sandbox, SandboxClosed, SandboxConfig, SandboxError, open_sa
 from sandbox.pool import CreationPacer, PoolSettings, SandboxPool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WRITABLE = "/testbed /home/sandbox /tmp /dev/shm /dev/mqueue"
+TMPFS = "/testbed /home/sandbox /tmp /dev/shm /dev/mqueue"
+WRITABLE = "/testbed /home/sandbox /tmp /dev/shm /dev/mqueue /run /var/tmp"
 
 # name -> a command whose output is a deterministic observation of the sandbox's state
 PROBES: dict[str, str] = {
@@ -48,7 +49,9 @@ PROBES: dict[str, str] = {
         f"for d in {WRITABLE}; do [ -e $d ] && find $d -printf '%p %m %u %g %y %s\\n' "
         "2>&1 | sort; done"
     ),
-    "writable_places_space": f"for d in {WRITABLE}; do [ -d $d ] && stat -f -c '$d %f %a %d' $d; done",
+    "writable_places_space": (  # the tmpfs mounts (/run and /var/tmp sit on the host's disk)
+        f"for d in {TMPFS}; do [ -d $d ] && stat -f -c '%n %f %a %d' $d; done"
+    ),
     "sysv_ipc": "cat /proc/sysvipc/shm /proc/sysvipc/sem /proc/sysvipc/msg",
     "listening_sockets": (
         'python3 -c "import sys\n'
@@ -364,3 +367,19 @@ def test_acquire_follows_the_reuse_setting(make_config: Callable[..., SandboxCon
         second.close()
     finally:
         close_all()
+
+
+def test_a_lease_without_wall_clock_is_not_cut_by_the_previous_one(
+    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig]
+) -> None:
+    p = pool()
+    first = p.acquire(make_config("short", wall_clock_s=2))
+    name = first.name
+    assert first.exec("echo ok").stdout == "ok\n"
+    first.close()
+    _wait_idle(p)
+    second = p.acquire(make_config("long"))
+    assert second.name == name
+    r = second.exec("sleep 8; echo done", timeout=30)
+    assert r.stdout == "done\n" and not r.timed_out  # the helper's lifetime was disarmed
+    second.close()
