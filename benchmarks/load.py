@@ -80,17 +80,17 @@ def _outcome(wh: Path, run_id: str, episodes: int) -> tuple[int, int]:
 
 
 def floor_pass(ts_tasks: list[Any], model: ScriptedModel, wh: Path, run_id: str, concurrency: int) -> float:
-    from flows.episode import EpisodeSettings, run_one
+    from flows.episode import run_one
     from flows.run import plan
-    from sandbox.base import SandboxConfig, SandboxLimits
-    from tasks.loop import Limits
-    from tasks.model import ModelConfig
+    from tasks.spec import RunSpec
 
     specs = plan(ts_tasks, run_id, "sandbox", 1)
-    settings = EpisodeSettings(
-        model=ModelConfig(model="scripted", base_url=model.url),
-        sandbox=SandboxConfig(run_id=run_id, limits=SandboxLimits(network="none")),
-        limits=Limits(max_steps=6, wall_clock_s=300),
+    settings = RunSpec(
+        model="scripted",
+        base_url=model.url,
+        network="none",
+        max_steps=6,
+        wall_clock_s=300,
         warehouse=str(wh),
         max_sandboxes=concurrency,
         durability="turn",

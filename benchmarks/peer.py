@@ -213,36 +213,39 @@ def _flow(
     reuse: str,
 ) -> dict[str, Any]:
     from flows.run import run_flow
+    from tasks.spec import RunSpec
 
     return run_flow.with_options(task_runner=runner)(
-        task_set=str(taskset),
-        model="scripted",
-        base_url=url,
-        mode="sandbox",
-        concurrency=workers,
-        max_steps=turns + 2,
-        warehouse=str(warehouse),
-        retries=0,
-        durability=durability,
-        sandbox_reuse=reuse,
+        RunSpec(
+            task_set=str(taskset),
+            model="scripted",
+            base_url=url,
+            mode="sandbox",
+            concurrency=workers,
+            max_steps=turns + 2,
+            warehouse=str(warehouse),
+            retries=0,
+            durability=durability,
+            sandbox_reuse=reuse,
+        )
     )
 
 
 def run_plain(taskset: Path, url: str, workers: int, turns: int, warehouse: Path) -> float:
     """The same episodes without Prefect: a thread pool over flows.episode.run_one."""
     from datasets_prep.io import read_taskset
-    from flows.episode import EpisodeSettings, EpisodeSpec, run_one
-    from sandbox.base import SandboxConfig
-    from tasks.loop import Limits
-    from tasks.model import ModelConfig
+    from flows.episode import EpisodeSpec, run_one
+    from tasks.spec import RunSpec
 
     ts = read_taskset(taskset)
-    settings = EpisodeSettings(
-        model=ModelConfig(model="scripted", base_url=url),
-        sandbox=SandboxConfig(run_id="peer-plain", reuse="pool"),
-        limits=Limits(max_steps=turns + 2),
+    settings = RunSpec(
+        model="scripted",
+        base_url=url,
+        max_steps=turns + 2,
+        wall_clock_s=1800.0,
         warehouse=str(warehouse),
         max_sandboxes=workers,
+        sandbox_reuse="pool",
     )
     specs = [EpisodeSpec(run_id="peer-plain", task=t, mode="sandbox") for t in ts.tasks]
     t0 = time.perf_counter()

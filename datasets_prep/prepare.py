@@ -1,9 +1,11 @@
-"""One call from any source to a validated TaskSet (the CLI's `prepare` and the flows use it).
+"""THE task-set loader: one call from any source to a validated TaskSet.
 
-SOURCE is a built-in suite name, `hf:NAME[:CONFIG][@SPLIT]`, a saved HF dataset
-directory, or a local table. Tables whose rows already are tasks (id, domain,
-problem_statement, ...: ours or the peer's) load as they are; any other table goes
-through the column-mapping converter (context -> files, question -> prompt).
+Every command and flow loads task sets here (`sandflow tasks prepare`, `sandflow flows
+prepare`, the run and score flows, `sandflow bench`). SOURCE is a built-in suite name,
+`hf:NAME[:CONFIG][@SPLIT]`, a saved HF dataset directory, a task-set file sandflow wrote
+(its name, seed and content hash are kept), or a local table. Tables whose rows already
+are tasks (id, domain, problem_statement, ...: ours or the peer's) load as they are; any
+other table goes through the column-mapping converter (context -> files, question -> prompt).
 """
 
 from __future__ import annotations
@@ -17,6 +19,26 @@ from datasets_prep.io import rows_to_taskset
 from datasets_prep.task import TaskSet
 
 TASK_COLUMNS = ("id", "domain", "problem_statement")
+TASKSET_SUFFIXES = (".parquet", ".jsonl", ".json")
+
+
+def _is_sandflow_set(path: Path) -> bool:
+    """A task-set file sandflow wrote (its header keeps the set's name, seed and hash)?"""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            schema = pq.read_schema(path)
+        except Exception:  # not Parquet at all: the rows loader names the problem
+            return False
+        return bool(schema.metadata and b"sandflow.taskset" in schema.metadata)
+    from datasets_prep.io import iter_jsonl
+
+    try:
+        first = next(iter(iter_jsonl(path)), None)
+    except Exception:  # unreadable: the rows loader names the problem
+        return False
+    return first is not None and "__taskset__" in first[1]
 
 
 def looks_like_tasks(rows: list[dict[str, Any]]) -> bool:
@@ -39,11 +61,25 @@ def load_taskset(
     """A validated TaskSet from SOURCE (see the module doc). Raises TaskValidationError,
     SourceError, SourceMissing, UnknownSuite or ValueError with a message naming the
     row/field/file."""
+    from datasets_prep.io import read_taskset
     from datasets_prep.loaders import SourceError, load_rows
     from datasets_prep.suites import SUITES, build_suite
 
+    path = Path(source).expanduser()
+    is_file = not source.startswith("hf:") and path.suffix in TASKSET_SUFFIXES
     if source in SUITES and mapping is None:
         ts = build_suite(source, seed=seed, size=size)
+    elif is_file and not path.exists():
+        raise SourceError(f"task set file {path} does not exist")
+    elif mapping is None and not source.startswith("hf:") and not path.exists():
+        raise SourceError(
+            f"{source!r} is neither a built-in suite ({', '.join(SUITES)}) nor a hub dataset "
+            "(written hf:NAME[:CONFIG][@SPLIT]), and there is no such file"
+        )
+    elif is_file and mapping is None and _is_sandflow_set(path):
+        ts = read_taskset(path)
+        if size is not None and size < len(ts):
+            ts = TaskSet.build(ts.tasks[:size], name=ts.name, source=ts.source, seed=ts.seed)
     else:
         rows = load_rows(source, limit=size)
         if not rows:

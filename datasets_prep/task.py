@@ -339,10 +339,9 @@ def _is_empty(v: Any) -> bool:
 def _env_secrets() -> dict[str, str]:
     """The secret values of the environment, by variable name.
 
-    Layering note: warehouse.secrets is the one definition of "secret" (it also scrubs
-    the records); it belongs below datasets_prep and is imported from here until it
-    moves (issue #12)."""
-    from warehouse.secrets import secret_env_values
+    datasets_prep.secrets is the one definition of "secret": the warehouse scrubs the
+    records with it too (it sits in the lowest layer so both can use it)."""
+    from datasets_prep.secrets import secret_env_values
 
     return secret_env_values()
 
@@ -350,7 +349,7 @@ def _env_secrets() -> dict[str, str]:
 def find_secret_in_task(task: Task, secrets: Mapping[str, str] | None = None) -> tuple[str, str] | None:
     """(field, variable) when a secret value of the environment occurs anywhere in the
     task's content — statement, files, ground truth, metadata — else None."""
-    from warehouse.secrets import find_secret
+    from datasets_prep.secrets import find_secret
 
     secrets = _env_secrets() if secrets is None else secrets
     if not secrets:

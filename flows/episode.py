@@ -7,8 +7,9 @@ raised as `InfraFailure` so Prefect retries the task; each attempt re-records th
 episode key, which the warehouse stores once (latest attempt wins). Ctrl+C is never
 retried: the episode is recorded as interrupted and resume re-runs it.
 
-The API key never travels as a parameter (Prefect stores flow parameters): each
-process reads it from its own environment (SANDFLOW_API_KEY / OPENAI_API_KEY).
+Every episode of a run gets the same RunSpec (tasks/spec.py), which holds no secret:
+Prefect stores task parameters. The API key is looked up in the process that runs the
+episode (RunSpec.to_model_config -> tasks.model.api_key_from_env), a Dask worker included.
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from datasets_prep.task import Task
-from sandbox.base import SandboxConfig
-from tasks.loop import Limits
-from tasks.model import ModelConfig
 from tasks.records import episode_key
+from tasks.spec import RunSpec
 
 RETRYABLE = frozenset({"sandbox_error", "model_error"})
 
@@ -74,19 +73,6 @@ class EpisodeSpec(BaseModel):
         return episode_key(self.run_id, self.task.id, self.mode, self.sample_index)
 
 
-class EpisodeSettings(BaseModel):
-    """Everything an episode needs besides its spec; identical for all episodes of a run."""
-
-    model: ModelConfig
-    sandbox: SandboxConfig
-    limits: Limits
-    warehouse: str
-    max_sandboxes: int | None = None
-    max_model_calls: int | None = None
-    prompt_dir: str | None = None
-    durability: str = "turn"
-
-
 @dataclass
 class EpisodeOutcome:
     episode_id: str
@@ -112,47 +98,40 @@ _writers_lock = threading.Lock()
 
 def _writer(root: str, durability: str) -> Any:
     """One EpisodeWriter per warehouse root and process (it is thread-safe)."""
-    from warehouse.writer import EpisodeWriter
+    from warehouse import Warehouse
 
     with _writers_lock:
         key = (str(Path(root).resolve()), durability)
         if key not in _writers:
-            _writers[key] = EpisodeWriter(root, durability=durability)  # type: ignore[arg-type]
+            _writers[key] = Warehouse(root).writer(durability=durability)  # type: ignore[arg-type]
         return _writers[key]
 
 
-def _model_config(cfg: ModelConfig) -> ModelConfig:
-    """Add the API key from this process's environment (never from a parameter)."""
-    key = os.environ.get("SANDFLOW_API_KEY") or os.environ.get("OPENAI_API_KEY")
-    if key and cfg.api_key is None:
-        from pydantic import SecretStr
-
-        return cfg.model_copy(update={"api_key": SecretStr(key)})
-    return cfg
-
-
-def run_one(spec: EpisodeSpec, settings: EpisodeSettings) -> EpisodeOutcome:
+def run_one(spec: EpisodeSpec, run: RunSpec) -> EpisodeOutcome:
     """The task body, also callable without Prefect (benchmarks use it as the floor)."""
     from flows.limits import SANDBOX_GCL, shared_client, slot
     from tasks.loop import run_episode
 
     t0 = time.perf_counter()
-    model_cfg = _model_config(settings.model)
-    client = shared_client(model_cfg, settings.max_model_calls)
-    recorder = _writer(settings.warehouse, settings.durability)
+    if run.warehouse is None:
+        raise ValueError("RunSpec.warehouse is required to run an episode of a run")
+    model_cfg = run.to_model_config()
+    client = shared_client(model_cfg, run.max_model_calls)
+    recorder = _writer(run.warehouse, run.durability)
     needs_sandbox = spec.mode == "sandbox"
-    with slot("sandbox", settings.max_sandboxes if needs_sandbox else None, SANDBOX_GCL if needs_sandbox else None):
+    max_sandboxes = run.max_sandboxes or run.concurrency
+    with slot("sandbox", max_sandboxes if needs_sandbox else None, SANDBOX_GCL if needs_sandbox else None):
         result = run_episode(
             spec.task,
             model_cfg,
-            settings.sandbox,
+            run.to_sandbox_config(spec.run_id),
             recorder,
             mode=spec.mode,  # type: ignore[arg-type]
             sample_index=spec.sample_index,
             run_id=spec.run_id,
-            limits=settings.limits,
+            limits=run.to_limits(),
             client=client,
-            prompt_dir=settings.prompt_dir,
+            prompt_dir=run.prompt_dir,
             on_event=_stop_if_cancelled,
         )
     rec = result.record
@@ -185,7 +164,7 @@ def retry_infra_only(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-def episode_body(spec: EpisodeSpec, settings: EpisodeSettings) -> dict[str, Any]:
+def episode_body(spec: EpisodeSpec, run: RunSpec) -> dict[str, Any]:
     """Run, and turn an infrastructure termination into an exception Prefect retries."""
     from flows import progress
 
@@ -193,7 +172,7 @@ def episode_body(spec: EpisodeSpec, settings: EpisodeSettings) -> dict[str, Any]
         raise EpisodeCancelled(f"episode {spec.key} not started: the run was interrupted")
     progress.started(spec.key)
     try:
-        out = run_one(spec, settings)
+        out = run_one(spec, run)
     except KeyboardInterrupt:
         raise EpisodeCancelled(f"episode {spec.key} stopped: the run was interrupted") from None
     if out.termination in RETRYABLE:

@@ -3,7 +3,10 @@ tokens -> rollouts -> report. Each step is a subflow, so the Prefect UI shows th
 as one tree and a failed step is visible by name. Re-running with the same run id
 resumes the run step (finished episodes are skipped) and redoes the cheap steps.
 
-This is the `sandflow bench` main job and the `nightly` deployment in prefect.yaml.
+`benchmark_flow(spec)` is what `sandflow bench` runs: the command builds the RunSpec.
+`nightly_flow` and `rl_data_flow` are the deployments of prefect.yaml: a scheduler fills
+their flat parameters (the knobs a schedule may set), which they turn into the same
+RunSpec once.
 """
 
 from __future__ import annotations
@@ -12,83 +15,59 @@ from typing import Any
 
 from prefect import flow
 
-from flows.export import rollouts_flow
+from analysis.report import DEFAULT_VIEWER_URL
+from datasets_prep.verifiers import JudgeEndpoint
 from flows.prepare import prepare_flow
-from flows.report import DEFAULT_VIEWER_URL
-from flows.report_flow import report_flow
+from flows.report import report_flow
+from flows.rollouts import rollouts_flow
 from flows.run import make_task_runner, run_flow
 from flows.score import score_flow
 from flows.tokens import tokens_flow
 from flows.usage import usage_flow
+from tasks.spec import RunSpec
+from warehouse import DEFAULT_ROOT
 
 
-@flow(name="sandflow-nightly", log_prints=False)
-def nightly_flow(
-    source: str = "smoke",
-    model: str | None = None,
-    base_url: str | None = None,
-    mode: str = "both",
-    samples: int = 1,
-    concurrency: int = 4,
-    max_sandboxes: int | None = None,
-    max_model_calls: int | None = None,
-    max_steps: int = 30,
-    temperature: float = 0.7,
-    max_tokens: int = 2048,
-    wall_clock_s: float = 900.0,
-    warehouse: str = "warehouse_data",
-    run_id: str | None = None,
+def _run(spec: RunSpec, task_runner: str, dask_address: str | None) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """prepare + run; returns both summaries and the prepared task-set file."""
+    warehouse = spec.warehouse or DEFAULT_ROOT
+    prep = prepare_flow(source=spec.task_set, warehouse=warehouse)
+    runner = make_task_runner(task_runner, spec.concurrency, dask_address)
+    run = run_flow.with_options(task_runner=runner)(
+        spec.model_copy(update={"task_set": prep["task_set"], "warehouse": warehouse})
+    )
+    return prep, run, prep["task_set"]
+
+
+def benchmark(
+    spec: RunSpec,
+    *,
     task_runner: str = "thread",
     dask_address: str | None = None,
-    network: str = "none",
     verifier: str | None = None,
+    judge: JudgeEndpoint | None = None,
     max_seq_tokens: int | None = None,
     rollouts: bool = True,
-    request_timeout_s: float | None = None,
-    series: str | None = None,
     fail_on_regression: bool = False,
     alpha: float = 0.05,
-    viewer_url: str | None = DEFAULT_VIEWER_URL,  # the report's links into `sandflow view`
-    wait_for_lock: bool | float = False,  # another process runs run_id: wait (not refuse)
+    viewer_url: str | None = DEFAULT_VIEWER_URL,
 ) -> dict[str, Any]:
-    """Benchmark a model on a task source end to end; returns every step's summary.
+    """The benchmark's steps (inside a flow); returns every step's summary.
 
-    The run joins the series `series` (default: the deployment's name; ad hoc without
-    one) of its task set and model; the report compares it with the series' previous
-    run. With `fail_on_regression`, a significant drop (Holm-adjusted p < `alpha`) fails
-    this flow run with RegressionFound once the report is written.
+    The run joins the series `spec.series` of its task set and model; the report compares
+    it with the series' previous run. With `fail_on_regression`, a significant drop
+    (Holm-adjusted p < `alpha`) fails the flow run with RegressionFound once the report
+    is written.
     """
-    series = series or _deployment_name()
-    prep = prepare_flow(source=source, warehouse=warehouse)
-    runner = make_task_runner(task_runner, concurrency, dask_address)
-    run = run_flow.with_options(task_runner=runner)(
-        task_set=prep["task_set"],
-        model=model,
-        base_url=base_url,
-        mode=mode,
-        samples=samples,
-        concurrency=concurrency,
-        max_sandboxes=max_sandboxes,
-        max_model_calls=max_model_calls,
-        max_steps=max_steps,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        wall_clock_s=wall_clock_s,
-        warehouse=warehouse,
-        run_id=run_id,
-        network=network,
-        request_timeout_s=request_timeout_s,
-        series=series,
-        wait_for_lock=wait_for_lock,
-    )
-    rid = run["run_id"]
+    prep, run, task_set = _run(spec, task_runner, dask_address)
+    rid, warehouse = run["run_id"], run["warehouse"]
     out: dict[str, Any] = {"prepare": prep, "run": run}
-    out["score"] = score_flow(run_id=rid, warehouse=warehouse, task_set=prep["task_set"], verifier=verifier)
+    out["score"] = score_flow(run_id=rid, warehouse=warehouse, task_set=task_set, verifier=verifier, judge=judge)
     out["usage"] = usage_flow(run_id=rid, warehouse=warehouse)
     out["tokens"] = tokens_flow(run_id=rid, warehouse=warehouse)
     if rollouts:
         out["rollouts"] = rollouts_flow(
-            run_id=rid, warehouse=warehouse, task_set=prep["task_set"], max_seq_tokens=max_seq_tokens
+            run_id=rid, warehouse=warehouse, task_set=task_set, max_seq_tokens=max_seq_tokens
         )
     out["report"] = report_flow(run_id=rid, warehouse=warehouse, alpha=alpha, viewer_url=viewer_url)
     if fail_on_regression and out["report"].get("regression"):
@@ -106,6 +85,98 @@ def _deployment_name() -> str | None:
     return str(name) if name else None
 
 
+@flow(name="sandflow-nightly", log_prints=False)
+def benchmark_flow(
+    spec: RunSpec,
+    task_runner: str = "thread",
+    dask_address: str | None = None,
+    verifier: str | None = None,
+    judge: JudgeEndpoint | None = None,
+    max_seq_tokens: int | None = None,
+    rollouts: bool = True,
+    fail_on_regression: bool = False,
+    alpha: float = 0.05,
+    viewer_url: str | None = DEFAULT_VIEWER_URL,
+) -> dict[str, Any]:
+    """Benchmark a model on a task source end to end (`sandflow bench`)."""
+    return benchmark(
+        spec,
+        task_runner=task_runner,
+        dask_address=dask_address,
+        verifier=verifier,
+        judge=judge,
+        max_seq_tokens=max_seq_tokens,
+        rollouts=rollouts,
+        fail_on_regression=fail_on_regression,
+        alpha=alpha,
+        viewer_url=viewer_url,
+    )
+
+
+@flow(name="sandflow-nightly", log_prints=False)
+def nightly_flow(
+    source: str = "smoke",
+    model: str | None = None,
+    base_url: str | None = None,
+    mode: str = "both",
+    samples: int = 1,
+    concurrency: int = 4,
+    max_sandboxes: int | None = None,
+    max_model_calls: int | None = None,
+    max_steps: int = 30,
+    temperature: float = 0.7,
+    max_tokens: int = 2048,
+    wall_clock_s: float = 900.0,
+    warehouse: str = DEFAULT_ROOT,
+    run_id: str | None = None,
+    task_runner: str = "thread",
+    dask_address: str | None = None,
+    network: str = "none",
+    verifier: str | None = None,
+    max_seq_tokens: int | None = None,
+    rollouts: bool = True,
+    request_timeout_s: float | None = None,
+    series: str | None = None,
+    fail_on_regression: bool = False,
+    alpha: float = 0.05,
+    viewer_url: str | None = DEFAULT_VIEWER_URL,  # the report's links into `sandflow view`
+    wait_for_lock: bool | float = False,  # another process runs run_id: wait (not refuse)
+) -> dict[str, Any]:
+    """The nightly deployment: benchmark a model on a task source end to end. The run joins
+    the series `series` (default: the deployment's name; ad hoc without one)."""
+    spec = RunSpec(
+        task_set=source,
+        model=model,
+        base_url=base_url,
+        mode=mode,
+        samples=samples,
+        concurrency=concurrency,
+        max_sandboxes=max_sandboxes,
+        max_model_calls=max_model_calls,
+        max_steps=max_steps,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        wall_clock_s=wall_clock_s,
+        warehouse=warehouse,
+        run_id=run_id,
+        network=network,
+        request_timeout_s=request_timeout_s,
+        series=series or _deployment_name(),
+        wait_for_lock=wait_for_lock,
+    )
+    return benchmark(
+        spec,
+        task_runner=task_runner,
+        dask_address=dask_address,
+        verifier=verifier,
+        max_seq_tokens=max_seq_tokens,
+        rollouts=rollouts,
+        fail_on_regression=fail_on_regression,
+        alpha=alpha,
+        viewer_url=viewer_url,
+    )
+
+
 @flow(name="sandflow-rl-data", log_prints=False)
 def rl_data_flow(
     source: str = "smoke",
@@ -118,7 +189,7 @@ def rl_data_flow(
     max_steps: int = 30,
     temperature: float = 1.0,
     max_tokens: int = 2048,
-    warehouse: str = "warehouse_data",
+    warehouse: str = DEFAULT_ROOT,
     run_id: str | None = None,
     task_runner: str = "thread",
     dask_address: str | None = None,
@@ -128,10 +199,8 @@ def rl_data_flow(
 ) -> dict[str, Any]:
     """LLM-in-Sandbox-RL data: sandbox mode, k samples per task at temperature 1.0,
     scored, exported with group advantages (RLOO, as the paper; GRPO beside it)."""
-    prep = prepare_flow(source=source, warehouse=warehouse)
-    runner = make_task_runner(task_runner, concurrency, dask_address)
-    run = run_flow.with_options(task_runner=runner)(
-        task_set=prep["task_set"],
+    spec = RunSpec(
+        task_set=source,
         model=model,
         base_url=base_url,
         mode="sandbox",
@@ -147,7 +216,8 @@ def rl_data_flow(
         logprobs=logprobs,
         return_token_ids=return_token_ids,
     )
+    prep, run, task_set = _run(spec, task_runner, dask_address)
     rid = run["run_id"]
-    score = score_flow(run_id=rid, warehouse=warehouse, task_set=prep["task_set"])
-    export = rollouts_flow(run_id=rid, warehouse=warehouse, task_set=prep["task_set"], max_seq_tokens=max_seq_tokens)
+    score = score_flow(run_id=rid, warehouse=warehouse, task_set=task_set)
+    export = rollouts_flow(run_id=rid, warehouse=warehouse, task_set=task_set, max_seq_tokens=max_seq_tokens)
     return {"prepare": prep, "run": run, "score": score, "rollouts": export}

@@ -11,7 +11,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.tasksets import prepare_source, resolve_taskset
+from warehouse import DEFAULT_ROOT
 
 
 def taskset_path(root: str, ts: Any) -> Path:
@@ -21,17 +21,18 @@ def taskset_path(root: str, ts: Any) -> Path:
 @flow(name="sandflow-prepare", log_prints=False)
 def prepare_flow(
     source: str = "smoke",
-    warehouse: str = "warehouse_data",
+    warehouse: str = DEFAULT_ROOT,
     out: str | None = None,
     limit: int | None = None,
     seed: int | None = None,
+    mapping: str | None = None,
 ) -> dict[str, Any]:
+    """Load `source` with THE task-set loader (datasets_prep.prepare.load_taskset: the same
+    as `sandflow tasks prepare`, --mapping included) and write it where runs find it."""
     from datasets_prep.io import write_taskset
+    from datasets_prep.prepare import load_taskset
 
-    if Path(source).expanduser().exists():
-        ts = resolve_taskset(source)
-    else:
-        ts = prepare_source(source, limit=limit, seed=seed)
+    ts = load_taskset(source, seed=seed or 0, size=limit, mapping=mapping)
     path = Path(out).expanduser() if out else taskset_path(warehouse, ts)
     if not path.exists():
         write_taskset(ts, path)

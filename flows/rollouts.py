@@ -1,495 +1,67 @@
-"""Training-ready RL data from runs, in three shapes (all Parquet, all `datasets`-loadable).
+"""The rollouts flow: write a run's RL data (analysis/rollouts.py) as Parquet files.
 
-1. Task sets in the shape verl / rllm read for LLM-in-Sandbox-RL style training:
-   `data_source, prompt (chat messages), ability, reward_model {style, ground_truth},
-   extra_info` (task id, input files as JSON, qa type, verifier, split, index).
-2. Trajectories as chat messages with tool calls, one row per episode: a per-message
-   loss mask (assistant 1, everything the environment or user said 0), the reward,
-   GRPO and RLOO advantages over the samples of the same task and mode, the
-   termination reason, and an over-length flag / filter.
-3. Token-level rows (prompt ids, response ids, response mask, logprobs) for episodes
-   whose turns carry the server's token ids. The response is rebuilt from the turns:
-   each completion (mask 1, its logprobs) followed by the environment's tokens, taken
-   from the next request's prompt ids (mask 0). That only works if every request
-   extends the previous one exactly (the append-only history); an episode where it
-   does not, or where counts disagree with the recorded usage, is reported and left
-   out rather than silently re-tokenized.
+    <out>/taskset.parquet        verl/rllm task rows (when the run's task set is known)
+    <out>/trajectories.parquet   chat messages + loss mask + reward + GRPO/RLOO advantages
+    <out>/tokens.parquet         token-level rows (only when the run recorded token ids)
 
-Infrastructure failures (model_error, sandbox_error, interrupted) are never exported:
-they are not the model's behaviour. Advantages are computed over the group BEFORE the
-over-length filter, so a truncated sample still counts in its group's baseline.
+Each loads with `datasets.load_dataset("parquet", data_files=...)`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from prefect import flow
 
-from datasets_prep.task import Task
-from flows.advantages import group_advantages
-from flows.rundata import RunData
-from tasks.records import EpisodeRecord, TurnRecord
-
-OverlongPolicy = Literal["drop", "mask", "keep"]
-
-# ---------------------------------------------------------------------------- schemas
-_TOOL_CALL = pa.struct(
-    [
-        pa.field("id", pa.string()),
-        pa.field("type", pa.string()),
-        pa.field("function", pa.struct([pa.field("name", pa.string()), pa.field("arguments", pa.string())])),
-    ]
+from analysis.rollouts import (
+    TOKEN_SCHEMA,
+    TRAJECTORY_SCHEMA,
+    ExportStats,
+    export_taskset,
+    token_rows,
+    trajectory_rows,
+    write_rows,
 )
-MESSAGE = pa.struct(
-    [
-        pa.field("role", pa.string()),
-        pa.field("content", pa.string()),
-        pa.field("reasoning_content", pa.string()),
-        pa.field("tool_calls", pa.list_(_TOOL_CALL)),
-        pa.field("tool_call_id", pa.string()),
-        pa.field("name", pa.string()),
-    ]
-)
-_PROMPT_MESSAGE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
-
-TASKSET_SCHEMA = pa.schema(
-    [
-        pa.field("data_source", pa.string()),
-        pa.field("prompt", pa.list_(_PROMPT_MESSAGE)),
-        pa.field("ability", pa.string()),
-        pa.field(
-            "reward_model",
-            pa.struct([pa.field("style", pa.string()), pa.field("ground_truth", pa.string())]),
-        ),
-        pa.field(
-            "extra_info",
-            pa.struct(
-                [
-                    pa.field("index", pa.int64()),
-                    pa.field("split", pa.string()),
-                    pa.field("task_id", pa.string()),
-                    pa.field("domain", pa.string()),
-                    pa.field("qa_type", pa.string()),
-                    pa.field("verifier", pa.string()),
-                    pa.field("input_files", pa.string()),  # JSON object name -> text
-                    pa.field("metadata", pa.string()),  # JSON
-                    # The whole task, as LLM-in-Sandbox-RL's rllm environment reads it
-                    # from extra_info (its `prompt` is a placeholder there).
-                    pa.field("id", pa.string()),
-                    pa.field("problem_statement", pa.string()),
-                    pa.field("ground_truth", pa.string()),  # text; JSON for non-strings
-                ]
-            ),
-        ),
-    ]
-)
-
-TRAJECTORY_SCHEMA = pa.schema(
-    [
-        pa.field("run_id", pa.string()),
-        pa.field("episode_id", pa.string()),
-        pa.field("task_id", pa.string()),
-        pa.field("domain", pa.string()),
-        pa.field("mode", pa.string()),
-        pa.field("sample_index", pa.int32()),
-        pa.field("model", pa.string()),
-        pa.field("messages", pa.list_(MESSAGE)),
-        pa.field("loss_mask", pa.list_(pa.int8())),
-        pa.field("reward", pa.float64()),
-        pa.field("advantage_grpo", pa.float64()),
-        pa.field("advantage_rloo", pa.float64()),
-        pa.field("group_size", pa.int32()),
-        pa.field("termination", pa.string()),
-        pa.field("num_turns", pa.int32()),
-        pa.field("seq_tokens", pa.int64()),
-        pa.field("overlong", pa.bool_()),
-    ]
-)
-
-TOKEN_SCHEMA = pa.schema(
-    [
-        pa.field("run_id", pa.string()),
-        pa.field("episode_id", pa.string()),
-        pa.field("task_id", pa.string()),
-        pa.field("mode", pa.string()),
-        pa.field("sample_index", pa.int32()),
-        pa.field("prompt_ids", pa.list_(pa.int32())),
-        pa.field("response_ids", pa.list_(pa.int32())),
-        pa.field("response_mask", pa.list_(pa.int8())),
-        pa.field("logprobs", pa.list_(pa.float64())),
-        pa.field("reward", pa.float64()),
-        pa.field("advantage_grpo", pa.float64()),
-        pa.field("advantage_rloo", pa.float64()),
-        pa.field("termination", pa.string()),
-        pa.field("num_turns", pa.int32()),
-        pa.field("overlong", pa.bool_()),
-    ]
-)
+from flows import artifacts
+from warehouse import DEFAULT_ROOT, Warehouse
 
 
-class RolloutError(ValueError):
-    """The run cannot be exported as asked (no scores, nothing left after filtering...)."""
-
-
-# ----------------------------------------------------------------------- (1) task sets
-def _ground_truth_text(gt: Any) -> str:
-    return gt if isinstance(gt, str) else json.dumps(gt, ensure_ascii=False, default=str)
-
-
-def _files_json(files: dict[str, str | bytes]) -> str:
-    out: dict[str, str] = {}
-    for name, content in files.items():
-        out[name] = content.decode("utf-8", "replace") if isinstance(content, bytes) else content
-    return json.dumps(out, ensure_ascii=False)
-
-
-PromptFn = Callable[[Task], list[dict[str, Any]]]
-
-
-def taskset_rows(
-    tasks: Iterable[Task], prompt_fn: PromptFn, *, source: str = "sandflow", split: str = "train"
-) -> list[dict[str, Any]]:
-    """verl/rllm rows. `prompt_fn(task)` gives the chat messages the policy starts from.
-
-    `extra_info` carries the whole task (id, problem_statement, ground_truth, domain,
-    input_files as JSON, qa_type): LLM-in-Sandbox-RL's environment builds its episode and
-    its reward from there alone.
-    """
-    rows = []
-    for i, t in enumerate(tasks):
-        messages = [
-            {"role": str(m.get("role")), "content": str(m.get("content") or "")} for m in prompt_fn(t)
-        ]
-        rows.append(
-            {
-                "data_source": f"{source}/{t.domain}",
-                "prompt": messages,
-                "ability": t.domain,
-                "reward_model": {"style": "rule", "ground_truth": _ground_truth_text(t.ground_truth)},
-                "extra_info": {
-                    "index": i,
-                    "split": split,
-                    "task_id": t.id,
-                    "domain": t.domain,
-                    "qa_type": t.qa_type,
-                    "verifier": t.verifier,
-                    "input_files": _files_json(t.input_files),
-                    "metadata": json.dumps(t.metadata, ensure_ascii=False, default=str),
-                    "id": t.id,
-                    "problem_statement": t.problem_statement,
-                    "ground_truth": _ground_truth_text(t.ground_truth),
-                },
-            }
-        )
-    return rows
-
-
-# -------------------------------------------------------------------- (2) trajectories
-def turn_messages(turn: TurnRecord) -> list[dict[str, Any]]:
-    """The messages one turn appended to the history: the assistant's, then the tools'."""
-    msgs: list[dict[str, Any]] = [
-        {
-            "role": "assistant",
-            "content": turn.assistant_content or "",
-            "reasoning_content": turn.reasoning_content,
-            "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in turn.tool_calls
-            ],
-            "tool_call_id": None,
-            "name": None,
-        }
-    ]
-    for o in turn.observations:
-        msgs.append(
-            {
-                "role": "tool",
-                "content": o.content,
-                "reasoning_content": None,
-                "tool_calls": [],
-                "tool_call_id": o.tool_call_id,
-                "name": o.name,
-            }
-        )
-    for m in turn.extra_messages:
-        msgs.append(_normalise(m))
-    return msgs
-
-
-def _normalise(m: dict[str, Any]) -> dict[str, Any]:
-    content = m.get("content")
-    if not isinstance(content, str):
-        content = json.dumps(content, ensure_ascii=False) if content is not None else ""
-    return {
-        "role": str(m.get("role", "user")),
-        "content": content,
-        "reasoning_content": m.get("reasoning_content"),
-        "tool_calls": [
-            {
-                "id": c.get("id"),
-                "type": c.get("type", "function"),
-                "function": {
-                    "name": (c.get("function") or {}).get("name"),
-                    "arguments": (c.get("function") or {}).get("arguments"),
-                },
-            }
-            for c in (m.get("tool_calls") or [])
-        ],
-        "tool_call_id": m.get("tool_call_id"),
-        "name": m.get("name"),
-    }
-
-
-def episode_messages(episode: EpisodeRecord, turns: Sequence[TurnRecord]) -> list[dict[str, Any]]:
-    msgs = [_normalise(m) for m in episode.prompt_messages]
-    for t in turns:
-        msgs.extend(turn_messages(t))
-    return msgs
-
-
-def loss_mask(messages: Sequence[dict[str, Any]]) -> list[int]:
-    """Train on what the policy wrote (assistant), never on what it was given."""
-    return [1 if m["role"] == "assistant" else 0 for m in messages]
-
-
-def seq_tokens(episode: EpisodeRecord, turns: Sequence[TurnRecord]) -> int:
-    """Length of the whole conversation in tokens: the last request plus its completion."""
-    if turns:
-        last = turns[-1]
-        if last.prompt_token_ids is not None and last.completion_token_ids is not None:
-            return len(last.prompt_token_ids) + len(last.completion_token_ids)
-        if last.usage.prompt_tokens is not None:
-            return int(last.usage.prompt_tokens) + int(last.usage.completion_tokens or 0)
-    return int(episode.prompt_tokens) + int(episode.completion_tokens)
-
-
-def is_overlong(
-    episode: EpisodeRecord, turns: Sequence[TurnRecord], max_seq_tokens: int | None
-) -> bool:
-    if episode.termination == "context_exhausted":
-        return True
-    if any(t.finish_reason == "length" for t in turns):
-        return True
-    return max_seq_tokens is not None and seq_tokens(episode, turns) > max_seq_tokens
-
-
-@dataclass
-class ExportStats:
-    exported: int = 0
-    skipped_infra: int = 0
-    skipped_unscored: int = 0
-    dropped_overlong: int = 0
-    masked_overlong: int = 0
-    token_rows: int = 0
-    token_mismatches: list[str] = field(default_factory=list)  # "episode_id: why"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "exported": self.exported,
-            "skipped_infra": self.skipped_infra,
-            "skipped_unscored": self.skipped_unscored,
-            "dropped_overlong": self.dropped_overlong,
-            "masked_overlong": self.masked_overlong,
-            "token_rows": self.token_rows,
-            "token_mismatches": len(self.token_mismatches),
-        }
-
-
-def _scored_episodes(data: RunData, stats: ExportStats) -> list[EpisodeRecord]:
-    if not data.scores:
-        raise RolloutError(
-            f"run {data.run_id!r} has no scores yet: run `sandflow flows score --run-id {data.run_id}` first"
-        )
-    eps = []
-    for e in data.episodes:
-        if e.is_infra_failure or e.termination is None:
-            stats.skipped_infra += 1
-        elif e.episode_id not in data.scores:
-            stats.skipped_unscored += 1
-        else:
-            eps.append(e)
-    return eps
-
-
-def _advantages(data: RunData, eps: Sequence[EpisodeRecord]) -> tuple[list[float], list[float], list[int]]:
-    keys = [(e.task_id, e.mode) for e in eps]
-    rewards = [data.scores[e.episode_id].score for e in eps]
-    sizes = [keys.count(k) for k in keys]
-    return group_advantages(keys, rewards, "grpo"), group_advantages(keys, rewards, "rloo"), sizes
-
-
-def trajectory_rows(
-    data: RunData,
-    *,
+@flow(name="sandflow-rollouts", log_prints=False)
+def rollouts_flow(
+    run_id: str,
+    warehouse: str = DEFAULT_ROOT,
+    out_dir: str | None = None,
+    task_set: str | None = None,
     max_seq_tokens: int | None = None,
-    overlong: OverlongPolicy = "drop",
-    stats: ExportStats | None = None,
-) -> list[dict[str, Any]]:
-    stats = stats if stats is not None else ExportStats()
-    eps = _scored_episodes(data, stats)
-    grpo, rloo, sizes = _advantages(data, eps)
-    rows = []
-    for e, a_g, a_r, n in zip(eps, grpo, rloo, sizes, strict=True):
-        turns = data.turns_of(e.episode_id)
-        msgs = episode_messages(e, turns)
-        mask = loss_mask(msgs)
-        long = is_overlong(e, turns, max_seq_tokens)
-        if long and overlong == "drop":
-            stats.dropped_overlong += 1
-            continue
-        if long and overlong == "mask":
-            mask = [0] * len(mask)
-            stats.masked_overlong += 1
-        rows.append(
-            {
-                "run_id": e.run_id,
-                "episode_id": e.episode_id,
-                "task_id": e.task_id,
-                "domain": e.domain,
-                "mode": e.mode,
-                "sample_index": e.sample_index,
-                "model": e.model,
-                "messages": msgs,
-                "loss_mask": mask,
-                "reward": data.scores[e.episode_id].score,
-                "advantage_grpo": a_g,
-                "advantage_rloo": a_r,
-                "group_size": n,
-                "termination": e.termination,
-                "num_turns": len(turns),
-                "seq_tokens": seq_tokens(e, turns),
-                "overlong": long,
-            }
-        )
-    stats.exported = len(rows)
-    return rows
+    overlong: str = "drop",
+    verifier: str | None = None,
+) -> dict[str, Any]:
+    from datasets_prep.prepare import load_taskset
+    from flows.score import _task_set_of
 
-
-# ------------------------------------------------------------------- (3) token level
-Detokenize = Callable[[list[int]], str]
-
-
-def token_sequence(
-    turns: Sequence[TurnRecord], detokenize: Detokenize | None = None
-) -> tuple[list[int], list[int], list[int], list[float]]:
-    """(prompt_ids, response_ids, response_mask, logprobs) of one episode, checked.
-
-    Raises ValueError naming the turn when the recorded tokens disagree with the
-    recorded usage or text, or when a request does not extend the previous one.
-    """
-    if not turns:
-        raise ValueError("no turns")
-    for t in turns:
-        if t.prompt_token_ids is None or t.completion_token_ids is None:
-            raise ValueError(f"turn {t.turn_index}: no token ids recorded")
-        if t.usage.prompt_tokens is not None and len(t.prompt_token_ids) != t.usage.prompt_tokens:
-            raise ValueError(
-                f"turn {t.turn_index}: {len(t.prompt_token_ids)} prompt ids but usage says "
-                f"{t.usage.prompt_tokens}"
-            )
-        if t.usage.completion_tokens is not None and len(t.completion_token_ids) != t.usage.completion_tokens:
-            raise ValueError(
-                f"turn {t.turn_index}: {len(t.completion_token_ids)} completion ids but usage says "
-                f"{t.usage.completion_tokens}"
-            )
-        if t.completion_logprobs is not None and len(t.completion_logprobs) != len(t.completion_token_ids):
-            raise ValueError(
-                f"turn {t.turn_index}: {len(t.completion_logprobs)} logprobs for "
-                f"{len(t.completion_token_ids)} completion ids"
-            )
-        if detokenize is not None and t.assistant_content:
-            text = detokenize(list(t.completion_token_ids))
-            if t.assistant_content.strip() not in text:
-                raise ValueError(
-                    f"turn {t.turn_index}: completion ids decode to text that does not contain the "
-                    "recorded assistant content (re-tokenization drift)"
-                )
-    prompt = list(turns[0].prompt_token_ids or [])
-    response: list[int] = []
-    mask: list[int] = []
-    logprobs: list[float] = []
-    seen = list(prompt)
-    for i, t in enumerate(turns):
-        p = list(t.prompt_token_ids or [])
-        if p[: len(seen)] != seen:
-            raise ValueError(
-                f"turn {t.turn_index}: its prompt ids do not extend the previous request "
-                "(history not append-only, or the server re-tokenized it)"
-            )
-        if i > 0:
-            env = p[len(seen) :]
-            response += env
-            mask += [0] * len(env)
-            logprobs += [0.0] * len(env)
-        c = list(t.completion_token_ids or [])
-        response += c
-        mask += [1] * len(c)
-        logprobs += list(t.completion_logprobs) if t.completion_logprobs is not None else [0.0] * len(c)
-        seen = p + c
-    return prompt, response, mask, logprobs
-
-
-def token_rows(
-    data: RunData,
-    *,
-    max_seq_tokens: int | None = None,
-    overlong: OverlongPolicy = "drop",
-    detokenize: Detokenize | None = None,
-    stats: ExportStats | None = None,
-) -> list[dict[str, Any]]:
-    stats = stats if stats is not None else ExportStats()
-    eps = _scored_episodes(data, ExportStats())
-    grpo, rloo, _ = _advantages(data, eps)
-    rows = []
-    for e, a_g, a_r in zip(eps, grpo, rloo, strict=True):
-        turns = data.turns_of(e.episode_id)
-        if not turns or any(t.completion_token_ids is None for t in turns):
-            continue
-        try:
-            prompt, response, mask, lps = token_sequence(turns, detokenize)
-        except ValueError as exc:
-            stats.token_mismatches.append(f"{e.episode_id}: {exc}")
-            continue
-        long = is_overlong(e, turns, max_seq_tokens)
-        if long and overlong == "drop":
-            continue
-        if long and overlong == "mask":
-            mask = [0] * len(mask)
-        rows.append(
-            {
-                "run_id": e.run_id,
-                "episode_id": e.episode_id,
-                "task_id": e.task_id,
-                "mode": e.mode,
-                "sample_index": e.sample_index,
-                "prompt_ids": prompt,
-                "response_ids": response,
-                "response_mask": mask,
-                "logprobs": lps,
-                "reward": data.scores[e.episode_id].score,
-                "advantage_grpo": a_g,
-                "advantage_rloo": a_r,
-                "termination": e.termination,
-                "num_turns": len(turns),
-                "overlong": long,
-            }
-        )
-    stats.token_rows = len(rows)
-    return rows
-
-
-# ----------------------------------------------------------------------------- files
-def write_rows(rows: list[dict[str, Any]], schema: pa.Schema, path: Path) -> Path:
-    """Write rows with an explicit schema (stable types even for empty or sparse rows)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(rows, schema=schema)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(path)
-    return path
+    if overlong not in ("drop", "mask", "keep"):
+        raise ValueError(f"--overlong {overlong!r}: use drop, mask or keep")
+    out = Path(out_dir or Path(warehouse) / "exports" / run_id).expanduser()
+    data = Warehouse(warehouse).load_run(run_id, verifier=verifier)
+    stats = ExportStats()
+    files: dict[str, str] = {}
+    try:
+        ts = load_taskset(_task_set_of(warehouse, run_id, task_set))
+        files["taskset"] = str(export_taskset(ts, out / "taskset.parquet"))
+    except Exception as exc:  # the trajectories are still worth exporting
+        files["taskset_error"] = str(exc)
+    traj = trajectory_rows(data, max_seq_tokens=max_seq_tokens, overlong=overlong, stats=stats)  # type: ignore[arg-type]
+    files["trajectories"] = str(write_rows(traj, TRAJECTORY_SCHEMA, out / "trajectories.parquet"))
+    tok = token_rows(data, max_seq_tokens=max_seq_tokens, overlong=overlong, stats=stats)  # type: ignore[arg-type]
+    if tok:
+        files["tokens"] = str(write_rows(tok, TOKEN_SCHEMA, out / "tokens.parquet"))
+    summary = {"run_id": run_id, "out_dir": str(out), "files": files, **stats.as_dict()}
+    if stats.token_mismatches:
+        summary["token_mismatch_examples"] = stats.token_mismatches[:5]
+    artifacts.table(
+        [{"item": k, "value": str(v)} for k, v in summary.items() if k != "files"],
+        artifacts.artifact_key("rollouts", run_id),
+        f"RL export of run {run_id}",
+    )
+    return summary

@@ -17,8 +17,10 @@ from typing import Any
 
 from prefect import flow
 
+from analysis.scoring import score_episodes
+from datasets_prep.verifiers import JudgeEndpoint
 from flows import artifacts
-from flows.tasksets import resolve_taskset, task_index
+from warehouse import DEFAULT_ROOT, Warehouse
 
 
 class ScoreError(ValueError):
@@ -30,10 +32,7 @@ def _task_set_of(root: str, run_id: str, task_set: str | None) -> str:
         return task_set
     import json
 
-    from warehouse.layout import Layout
-    from warehouse.runs import read_run
-
-    row = read_run(Layout(root), run_id) or {}
+    row = Warehouse(root).run_info(run_id) or {}
     cfg = json.loads(row.get("config") or "{}")
     ts = cfg.get("task_set") or row.get("dataset")
     if not ts:
@@ -43,48 +42,23 @@ def _task_set_of(root: str, run_id: str, task_set: str | None) -> str:
     return str(ts)
 
 
-def score_episodes(data: Any, tasks: dict[str, Any], verifier: str | None) -> tuple[list[dict[str, Any]], list[str]]:
-    """Score rows for the warehouse, and the problems met (tasks missing from the set)."""
-    from flows.verify import verify
-
-    rows, problems = [], []
-    for e in data.episodes:
-        if e.termination is None or e.is_infra_failure:
-            continue
-        task = tasks.get(e.task_id)
-        if task is None:
-            problems.append(f"episode {e.episode_id}: task {e.task_id!r} is not in the task set")
-            continue
-        res = verify(task, e.answer, verifier)
-        rows.append(
-            {
-                "run_id": data.run_id,
-                "episode_id": e.episode_id,
-                "verifier": verifier or res["verifier"] or task.verifier,
-                "score": res["score"],
-                "passed": res["score"] >= 1.0,
-                "reason": res["reason"],
-                "answer": e.answer,
-                "ground_truth": task.ground_truth,
-                "details": res.get("details") or {},
-                "episode_write_id": data.attempts.get(e.episode_id),
-            }
-        )
-    return rows, problems
-
-
 @flow(name="sandflow-score", log_prints=False)
 def score_flow(
-    run_id: str, warehouse: str = "warehouse_data", task_set: str | None = None, verifier: str | None = None
+    run_id: str,
+    warehouse: str = DEFAULT_ROOT,
+    task_set: str | None = None,
+    verifier: str | None = None,
+    judge: JudgeEndpoint | None = None,
 ) -> dict[str, Any]:
-    """Score run `run_id` (verifier: the task's own unless named)."""
-    from flows.store import load_run
-    from warehouse.store import Warehouse
+    """Score run `run_id` (verifier: the task's own unless named; `judge`: the LLM judge's
+    endpoint, handed in by the command, for verifier="judge"; its key is never stored)."""
+    from datasets_prep.prepare import load_taskset
 
-    data = load_run(warehouse, run_id, with_turns=False)
-    ts = resolve_taskset(_task_set_of(warehouse, run_id, task_set))
-    rows, problems = score_episodes(data, task_index(ts), verifier)
-    path = Warehouse(warehouse).write_scores(rows)
+    wh = Warehouse(warehouse)
+    data = wh.load_run(run_id, with_turns=False)
+    ts = load_taskset(_task_set_of(warehouse, run_id, task_set))
+    rows, problems = score_episodes(data, {t.id: t for t in ts.tasks}, verifier, judge=judge)
+    path = wh.write_scores(rows)
     mean = sum(r["score"] for r in rows) / len(rows) if rows else None
     summary = {
         "run_id": run_id,

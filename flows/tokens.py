@@ -7,16 +7,16 @@ from typing import Any
 
 from prefect import flow
 
-from flows import analysis, artifacts
+from analysis import metrics
+from flows import artifacts
+from warehouse import DEFAULT_ROOT, Warehouse
 
 
 @flow(name="sandflow-tokens", log_prints=False)
-def tokens_flow(run_id: str, warehouse: str = "warehouse_data") -> dict[str, Any]:
-    from flows.store import load_run
-
-    data = load_run(warehouse, run_id, with_turns=False)
-    rows = analysis.episode_tokens(data)
-    summary = analysis.token_summary(rows)
-    ratio = analysis.sandbox_llm_ratio(rows)
+def tokens_flow(run_id: str, warehouse: str = DEFAULT_ROOT) -> dict[str, Any]:
+    data = Warehouse(warehouse).load_run(run_id, with_turns=False)
+    rows = metrics.episode_tokens(data)
+    summary = metrics.token_summary(rows)
+    ratio = metrics.sandbox_llm_ratio(rows)
     artifacts.table(summary, artifacts.artifact_key("tokens", run_id), f"Tokens of run {run_id}")
     return {"run_id": run_id, "summary": summary, "sandbox_to_llm": ratio, "episodes": len(rows)}

@@ -34,6 +34,7 @@ from rl.batch import Batch, RolloutRequest
 from rl.rows import RowError
 from sandbox.base import SandboxConfig
 from tasks.loop import Limits
+from warehouse import DEFAULT_ROOT
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 class ServerConfig(BaseModel):
     """What the application hands the server (sandflow rl serve reads the settings)."""
 
-    warehouse: Path | None = Field(Path("warehouse_data"), description="None: record nothing")
+    warehouse: Path | None = Field(Path(DEFAULT_ROOT), description="None: record nothing")
     max_concurrency: int = Field(64, ge=1, le=4096, description="episodes at once, all batches")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     limits: Limits = Field(default_factory=Limits)

@@ -1,7 +1,17 @@
-"""`sandflow`: one CLI over the library. Each room registers its own commands.
+"""`sandflow`: the one CLI. Every command lives in sandflow/commands/, one module per
+group (the libraries below have no CLI of their own):
 
-Sub-modules import their heavy dependencies (docker, prefect, duckdb) inside the
-command bodies, so `sandflow --help` stays fast.
+    commands/episode.py    run, serve                  (tasks/)
+    commands/tasksets.py   tasks ...                   (datasets_prep/)
+    commands/sandbox.py    image ..., sandbox ...      (sandbox/)
+    commands/sql.py        sql, warehouse ...          (warehouse/)
+    commands/pipeline.py   bench, flows ...            (flows/, analysis/)
+    commands/rl.py         rl ...                      (rl/)
+    commands/compare.py    compare                     (analysis/, warehouse/)
+    viewer/cli.py          view                        (the web viewer, sandflow/viewer/)
+
+Command modules import their heavy dependencies (docker, prefect, duckdb) inside the
+command bodies, so `sandflow --help` stays fast. Errors: sandflow/errors.py.
 """
 
 from __future__ import annotations
@@ -23,28 +33,15 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from datasets_prep import cli as datasets_cli
-    from flows import cli as flows_cli
-    from sandbox import cli as sandbox_cli
-    from tasks import cli as tasks_cli
-    from warehouse import cli as warehouse_cli
+    from sandflow.commands import compare, episode, pipeline, rl, sandbox, sql, tasksets
 
-    for module in (sandbox_cli, tasks_cli, warehouse_cli, datasets_cli, flows_cli):
+    for module in (sandbox, episode, sql, tasksets, pipeline, rl, compare):
         module.register(app)
+
 
     from sandflow.viewer import cli as viewer_cli
 
-    viewer_cli.register(app)  # `sandflow view`
-
-    from sandflow import rl_cli
-
-    rl_cli.register(app)
-
-    from sandflow import compare_cli
-
-    compare_cli.register(app)  # `sandflow compare`
-
-
+    viewer_cli.register(app)  # `sandflow view` (the web viewer is its own package)
 
 
 def _version(value: bool) -> None:

@@ -1,5 +1,8 @@
 """Settings from flags, environment (SANDFLOW_*) and a config file (sandflow.toml).
 
+The application's settings are resolved HERE and only here, then handed to the libraries
+as values (a RunSpec, a warehouse root, a JudgeEndpoint): no library reads them.
+
 Precedence, highest first: explicit flags (passed as init kwargs), environment,
 the config file named by SANDFLOW_CONFIG (default ./sandflow.toml), defaults.
 API keys are SecretStr, read from the environment only, and excluded from every
@@ -10,15 +13,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from tasks.model import API_KEY_ENV
+from warehouse import DEFAULT_ROOT
+
+if TYPE_CHECKING:
+    from datasets_prep.verifiers.judge import JudgeEndpoint
 
 SECRET_FIELDS = frozenset({"api_key", "judge_api_key"})
 
@@ -30,7 +39,7 @@ class Settings(BaseSettings):
     base_url: str | None = None
     model: str | None = None
     api_key: SecretStr | None = Field(
-        None, validation_alias=AliasChoices("SANDFLOW_API_KEY", "OPENAI_API_KEY"), exclude=True
+        None, validation_alias=AliasChoices(*API_KEY_ENV), exclude=True
     )
     temperature: float = 0.7
     max_tokens: int = 2048
@@ -42,7 +51,7 @@ class Settings(BaseSettings):
     network: str = "none"
 
     # Warehouse
-    warehouse: Path = Path("warehouse_data")
+    warehouse: Path = Path(DEFAULT_ROOT)
 
     # Optional LLM judge endpoint
     judge_base_url: str | None = None
@@ -68,6 +77,28 @@ class Settings(BaseSettings):
         """A dump safe to write anywhere: secrets are never included."""
         return self.model_dump(mode="json", exclude=set(SECRET_FIELDS))
 
+    def judge_endpoint(self) -> JudgeEndpoint | None:
+        """The LLM judge's endpoint (key included) for `score(..., judge=)`; None unset."""
+        if not self.judge_base_url or not self.judge_model:
+            return None
+        from datasets_prep.verifiers.judge import JudgeEndpoint
+
+        return JudgeEndpoint(
+            base_url=self.judge_base_url,
+            model=self.judge_model,
+            api_key=self.judge_api_key,
+            timeout_s=self.request_timeout_s,
+        )
+
 
 def load_settings(**overrides: Any) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def settings_warehouse() -> Path:
+    """Settings.warehouse for read-only commands: a broken config file must not stop a
+    query, so it falls back to SANDFLOW_WAREHOUSE, then DEFAULT_ROOT."""
+    try:
+        return Path(load_settings().warehouse)
+    except (ValidationError, ValueError, OSError):
+        return Path(os.environ.get("SANDFLOW_WAREHOUSE", DEFAULT_ROOT))

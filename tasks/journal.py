@@ -1,18 +1,36 @@
-"""A file-journal Recorder: JSON lines, flushed after every turn.
+"""The episode journal: ONE line format for records as they happen, and its one reader.
 
-`sandflow run` keeps its records next to the trajectory with it, and it is the
-fallback when no warehouse writer is given. One line per event, appended and
-flushed, so a crash loses at most the turn in flight; `read_journal` reads it back.
+A journal is JSON lines, ``{"kind": "start"|"turn"|"finish", "record": {...}}``, appended
+and flushed per record, so a crash loses at most the record in flight. `JournalRecorder`
+writes `sandflow run`'s records.jsonl with it (and is the fallback when no warehouse
+writer is given); the warehouse's per-episode journals (warehouse/journal.py) use the
+same lines behind a lock. `read_journal` reads either back, tolerating a torn last line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from pydantic import BaseModel, ValidationError
+
 from tasks.records import EpisodeRecord, TurnRecord
+
+# Kinds of line. Journals written by older warehouse versions used {"k": "e"|"t", "r": ...}.
+_LEGACY_KINDS = {"e": "start", "t": "turn"}
+
+
+def journal_line(kind: str, record: BaseModel | dict[str, Any]) -> str:
+    """One journal line (newline included) for a record or an already-dumped dict."""
+    body = (
+        record.model_dump_json()
+        if isinstance(record, BaseModel)
+        else json.dumps(record, ensure_ascii=False)
+    )
+    return '{"kind":"' + kind + '","record":' + body + "}\n"
 
 
 class JournalRecorder:
@@ -25,8 +43,7 @@ class JournalRecorder:
         self._fh: TextIO = self.path.open("a", encoding="utf-8")
 
     def _write(self, kind: str, record: EpisodeRecord | TurnRecord) -> None:
-        line = json.dumps({"kind": kind, "record": record.model_dump(mode="json")}, ensure_ascii=False)
-        self._fh.write(line + "\n")
+        self._fh.write(journal_line(kind, record))
         self._fh.flush()
         if self.fsync:
             os.fsync(self._fh.fileno())
@@ -50,22 +67,47 @@ class JournalRecorder:
         self.close()
 
 
-def read_journal(path: Path | str) -> dict[str, Any]:
-    """{"episodes": [EpisodeRecord], "turns": [TurnRecord]} (finished episodes only)."""
-    episodes, turns = [], []
-    with Path(path).open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise ValueError(f"{path}:{n}: not a JSON line (a crash mid-write?)") from None
-            if row["kind"] == "turn":
-                turns.append(TurnRecord.model_validate(row["record"]))
-            elif row["kind"] == "finish":
-                episodes.append(EpisodeRecord.model_validate(row["record"]))
-    return {"episodes": episodes, "turns": turns}
+@dataclass
+class JournalContents:
+    path: Path
+    episode: EpisodeRecord | None  # the "start" record: the episode as it began
+    turns: list[TurnRecord] = field(default_factory=list)  # by turn index, last record wins
+    finished: list[EpisodeRecord] = field(default_factory=list)  # "finish" records
+    problems: list[str] = field(default_factory=list)  # lines that could not be read
+
+
+def read_journal(path: Path | str) -> JournalContents:
+    """Parse a journal. A torn last line (the record in flight at a crash) is skipped and
+    reported; a damaged line elsewhere is reported with its line number, never fatal."""
+    path = Path(path)
+    out = JournalContents(path=path, episode=None)
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().split("\n")
+    last = len(lines) - 1
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            if "kind" in obj:
+                kind, rec = obj["kind"], obj["record"]
+            else:
+                kind, rec = _LEGACY_KINDS.get(obj["k"], obj["k"]), obj["r"]
+            if kind == "start":
+                out.episode = EpisodeRecord.model_validate(rec)
+            elif kind == "turn":
+                out.turns.append(TurnRecord.model_validate(rec))
+            elif kind == "finish":
+                out.finished.append(EpisodeRecord.model_validate(rec))
+            else:
+                out.problems.append(f"{path}:{n}: unknown record kind {kind!r}")
+        except (ValueError, KeyError, TypeError, ValidationError) as exc:
+            where = "torn last line (record in flight at the crash)" if n - 1 == last else "bad line"
+            out.problems.append(f"{path}:{n}: {where}: {str(exc).splitlines()[0][:200]}")
+    # Keep the last record of each turn index (a retried turn may be journaled twice).
+    by_index = {t.turn_index: t for t in out.turns}
+    out.turns = [by_index[i] for i in sorted(by_index)]
+    return out
 
 
 class TeeRecorder:

@@ -50,6 +50,7 @@ from tasks.records import (
     Termination,
     TurnRecord,
     episode_key,
+    episode_totals,
 )
 from tasks.tools import TOOL_SCHEMAS, ToolBox
 
@@ -742,13 +743,8 @@ class _Episode:
             r.termination, r.error = "sandbox_error", r.error or "episode ended without a reason"
         r.ended_at = _now()
         r.wall_s = time.monotonic() - self.t0
-        r.num_turns = len(self.turns)
-        r.prompt_tokens = sum(t.usage.prompt_tokens or 0 for t in self.turns)
-        r.completion_tokens = sum(t.usage.completion_tokens or 0 for t in self.turns)
-        r.cached_tokens = sum(t.usage.cached_tokens or 0 for t in self.turns)
-        r.reasoning_tokens = sum(t.usage.reasoning_tokens or 0 for t in self.turns)
-        r.model_s = sum(t.model_latency_s for t in self.turns)
-        r.tool_s = sum(t.tool_latency_s for t in self.turns)
+        for name, value in episode_totals(self.turns).items():
+            setattr(r, name, value)
         if owned is not None:
             try:
                 owned.close()

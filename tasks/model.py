@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import re
 import time
@@ -39,6 +40,19 @@ log = logging.getLogger(__name__)
 
 # Used when the server needs some key but none was configured (local servers).
 PLACEHOLDER_KEY = "sandflow-no-key"
+
+# Where an endpoint's API key comes from: the environment only, first name set wins.
+API_KEY_ENV = ("SANDFLOW_API_KEY", "OPENAI_API_KEY")
+
+
+def api_key_from_env(names: tuple[str, ...] = API_KEY_ENV) -> SecretStr | None:
+    """THE API-key lookup. Keys never travel as parameters (Prefect stores those) or in
+    files: each process that calls a model (a command, a Dask worker) reads its own env."""
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return SecretStr(value)
+    return None
 
 
 class ModelConfig(BaseModel):
@@ -94,6 +108,14 @@ class ContextLengthError(ModelError):
 
 class ModelNotServedError(ModelError):
     """The server does not serve the requested model name."""
+
+
+class EndpointUnreachable(ModelError):
+    """Nothing answers at the endpoint (checked before an episode or run starts)."""
+
+    def __init__(self, message: str, base_url: str | None) -> None:
+        super().__init__(message)
+        self.base_url = base_url
 
 
 _CTX_PATTERNS = (
@@ -474,3 +496,32 @@ def _describe(exc: BaseException | None) -> str:
     if isinstance(exc, json.JSONDecodeError):
         return "the reply is not JSON"
     return f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def preflight(cfg: ModelConfig, *, model_given: bool = True) -> ModelConfig:
+    """Check the endpoint before any sandbox starts: THE one preflight of every command.
+
+    Raises EndpointUnreachable when nothing answers, ModelNotServedError when the server
+    lists its models and `cfg.model` is not among them. Without a model name given
+    (`model_given=False`) the server's model is taken when it serves one (or the named
+    one is not served). Returns the config to use.
+    """
+    client = ModelClient(cfg)
+    try:
+        served = client.served_models(timeout_s=min(15.0, cfg.request_timeout_s))
+    except Exception as exc:
+        raise EndpointUnreachable(
+            f"the model endpoint {cfg.base_url} does not answer: {exc}", cfg.base_url
+        ) from None
+    finally:
+        client.close()
+    if not served:
+        return cfg  # the server has no /models route: the first call will tell
+    if not model_given and (len(served) == 1 or cfg.model not in served):
+        return cfg.model_copy(update={"model": served[0]})
+    if cfg.model not in served:
+        raise ModelNotServedError(
+            f"the endpoint {cfg.base_url} does not serve model {cfg.model!r}; "
+            f"it serves: {', '.join(served[:10])}"
+        )
+    return cfg

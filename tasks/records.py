@@ -147,6 +147,43 @@ class EpisodeRecord(BaseModel):
     def is_infra_failure(self) -> bool:
         return self.termination in INFRA_TERMINATIONS
 
+    def with_totals(self, turns: list[TurnRecord], *, only_missing: bool = False) -> EpisodeRecord:
+        """This record with its totals taken from `turns` (see `episode_totals`).
+
+        only_missing: keep the numbers already given and fill only those left at zero (the
+        warehouse commits a recovered journal's header, which has none, the same way).
+        """
+        totals = episode_totals(turns)
+        if only_missing:
+            if not turns:
+                return self
+            groups = (
+                ("num_turns",),
+                ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens"),
+                ("model_s",),
+                ("tool_s",),
+            )
+            totals = {
+                name: totals[name]
+                for group in groups
+                if not any(getattr(self, name) for name in group)
+                for name in group
+            }
+        return self.model_copy(update=totals) if totals else self
+
+
+def episode_totals(turns: list[TurnRecord]) -> dict[str, Any]:
+    """An episode's totals from its turns: the ONE definition (the loop and the warehouse use it)."""
+    return {
+        "num_turns": len(turns),
+        "prompt_tokens": sum(t.usage.prompt_tokens or 0 for t in turns),
+        "completion_tokens": sum(t.usage.completion_tokens or 0 for t in turns),
+        "cached_tokens": sum(t.usage.cached_tokens or 0 for t in turns),
+        "reasoning_tokens": sum(t.usage.reasoning_tokens or 0 for t in turns),
+        "model_s": sum(t.model_latency_s for t in turns),
+        "tool_s": sum(t.tool_latency_s for t in turns),
+    }
+
 
 class Recorder(Protocol):
     """Where an episode writes as it goes. warehouse.EpisodeWriter implements it."""

@@ -3,7 +3,7 @@
 API (everything below is importable from ``warehouse``)::
 
     from warehouse import Warehouse
-    wh = Warehouse("warehouse_data")          # default: Settings.warehouse / SANDFLOW_WAREHOUSE
+    wh = Warehouse(root)       # the application resolves root (sandflow.config); default DEFAULT_ROOT
 
     # A run
     wh.write_run(run_id, model=..., image=..., dataset=..., dataset_hash=...,
@@ -15,6 +15,9 @@ API (everything below is importable from ``warehouse``)::
                              # in the background, at most the last turn at risk), "sync", "flush"
     rec.start_episode(ep); rec.record_turn(turn); ...; rec.finish_episode(ep)
     rec.close()                                # unfinished episodes stay as orphans
+
+    # Reading one run back as records (what analysis/ works on)
+    wh.load_run(run_id, verifier=None, with_turns=True) -> RunData(episodes, turns, scores)
 
     # Resume
     wh.done_keys(run_id)        -> {(task_id, mode, sample_index)}   infra failures not done
@@ -54,7 +57,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Lazy exports: `sandflow --help` imports warehouse.cli, which must not pull in DuckDB.
+# Where a warehouse lives unless told otherwise: THE one place this default is written.
+DEFAULT_ROOT = "warehouse_data"
+
+# Lazy exports: `sandflow --help` imports sandflow.commands.sql (and this package), which
+# must not pull in DuckDB.
 _EXPORTS = {
     "CompactionResult": "warehouse.compact",
     "CAPABILITIES": "warehouse.labels",
@@ -65,20 +72,25 @@ _EXPORTS = {
     "WarehouseQuery": "warehouse.query",
     "WarehouseQueryError": "warehouse.query",
     "connect": "warehouse.query",
+    "RunNotFound": "warehouse.query",
     "Orphan": "warehouse.recovery",
+    "RunLocked": "warehouse.runlock",
+    "RunData": "warehouse.rundata",
+    "Score": "warehouse.rundata",
     "SCHEMA_VERSION": "warehouse.schema",
     "TABLES": "warehouse.schema",
     "schema_for": "warehouse.schema",
     "Warehouse": "warehouse.store",
-    "default_root": "warehouse.store",
     "EpisodeWriter": "warehouse.writer",
-    "RecordError": "warehouse.writer",
+    "RecordError": "warehouse.commit",
 }
 
 if TYPE_CHECKING:
+    from warehouse.commit import RecordError
     from warehouse.compact import CompactionResult
     from warehouse.labels import CAPABILITIES, ScoreRow, UsageRow
     from warehouse.query import (
+        RunNotFound,
         WarehouseError,
         WarehouseNotFound,
         WarehouseQuery,
@@ -86,9 +98,11 @@ if TYPE_CHECKING:
         connect,
     )
     from warehouse.recovery import Orphan
+    from warehouse.rundata import RunData, Score
+    from warehouse.runlock import RunLocked
     from warehouse.schema import SCHEMA_VERSION, TABLES, schema_for
-    from warehouse.store import Warehouse, default_root
-    from warehouse.writer import EpisodeWriter, RecordError
+    from warehouse.store import Warehouse
+    from warehouse.writer import EpisodeWriter
 
 
 def __getattr__(name: str) -> Any:
@@ -100,10 +114,15 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CAPABILITIES",
+    "DEFAULT_ROOT",
     "CompactionResult",
     "EpisodeWriter",
     "Orphan",
     "RecordError",
+    "RunData",
+    "RunLocked",
+    "RunNotFound",
+    "Score",
     "SCHEMA_VERSION",
     "ScoreRow",
     "TABLES",
@@ -114,6 +133,5 @@ __all__ = [
     "WarehouseQuery",
     "WarehouseQueryError",
     "connect",
-    "default_root",
     "schema_for",
 ]

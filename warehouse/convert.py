@@ -1,7 +1,9 @@
-"""Records (tasks.records) -> Arrow tables in the warehouse schemas, column by column.
+"""Records (tasks.records) <-> the warehouse's rows, both directions in one place.
 
-Built column-wise rather than row dict by row dict: an episode of 100 turns converts in
-about a millisecond, which keeps `finish_episode` cheap for the agent loop.
+Writing: records -> Arrow tables in the warehouse schemas, built column-wise rather than
+row dict by row dict (an episode of 100 turns converts in about a millisecond, which keeps
+`finish_episode` cheap for the agent loop). Reading: a view's row -> the record it stores
+(`episode_record`, `turn_record`), so readers get the same contract types back.
 """
 
 from __future__ import annotations
@@ -13,9 +15,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.records import INFRA_TERMINATIONS, EpisodeRecord, TurnRecord
+from datasets_prep.secrets import scrub
+from tasks.records import (
+    INFRA_TERMINATIONS,
+    EgressRequest,
+    EpisodeRecord,
+    Observation,
+    ToolCall,
+    TurnRecord,
+    Usage,
+)
 from warehouse.schema import EGRESS, META_PROMPT_DELTAS, OBSERVATION, TOOL_CALL, schema_for
-from warehouse.secrets import scrub
 
 
 def utc(ts: datetime | None) -> datetime | None:
@@ -221,3 +231,76 @@ def rows_table(table: str, rows: Iterable[dict[str, Any]]) -> pa.Table:
                         f"does not fit type {f.type} ({cell_exc})"
                     ) from exc
         raise ValueError(f"{table}: rows do not fit the schema ({exc})") from exc
+
+
+# ------------------------------------------------------------------ rows -> records
+def _loads(text: str | None, default: Any) -> Any:
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default
+
+
+def episode_record(r: dict[str, Any]) -> EpisodeRecord:
+    """A row of the `episodes` view -> the EpisodeRecord it stores."""
+    return EpisodeRecord(
+        run_id=r["run_id"],
+        episode_id=r["episode_id"],
+        task_id=r["task_id"] or "",
+        domain=r["domain"] or "",
+        mode=r["mode"] or "sandbox",
+        sample_index=r["sample_index"] or 0,
+        model=r["model"] or "",
+        started_at=r["started_at"],
+        ended_at=r["ended_at"],
+        termination=r["termination"],
+        error=r["error"],
+        answer=r["answer"],
+        prompt_messages=_loads(r.get("prompt_messages"), []),
+        num_turns=r["num_turns"] or 0,
+        prompt_tokens=r["prompt_tokens"] or 0,
+        completion_tokens=r["completion_tokens"] or 0,
+        cached_tokens=r["cached_tokens"] or 0,
+        wall_s=r["wall_s"] or 0.0,
+        model_s=r["model_s"] or 0.0,
+        tool_s=r["tool_s"] or 0.0,
+        config=_loads(r.get("config"), {}),
+        reasoning_tokens=r.get("reasoning_tokens") or 0,
+        answer_source=r.get("answer_source"),
+    )
+
+
+def turn_record(r: dict[str, Any]) -> TurnRecord:
+    """A row of the `turns` view -> the TurnRecord it stores."""
+    return TurnRecord(
+        run_id=r["run_id"],
+        episode_id=r["episode_id"],
+        turn_index=r["turn_index"],
+        started_at=r["started_at"],
+        assistant_content=r["assistant_content"],
+        reasoning_content=r["reasoning_content"],
+        tool_calls=[ToolCall(**c) for c in (r["tool_calls"] or [])],
+        observations=[
+            Observation(**{k: v for k, v in o.items() if v is not None or k in ("exit_code", "error")})
+            for o in (r["observations"] or [])
+        ],
+        extra_messages=_loads(r.get("extra_messages"), []),
+        finish_reason=r["finish_reason"],
+        model_latency_s=r["model_latency_s"] or 0.0,
+        tool_latency_s=r["tool_latency_s"] or 0.0,
+        usage=Usage(
+            prompt_tokens=r["prompt_tokens"],
+            completion_tokens=r["completion_tokens"],
+            cached_tokens=r["cached_tokens"],
+            reasoning_tokens=r.get("reasoning_tokens"),
+        ),
+        prompt_token_ids=r["prompt_token_ids"],
+        completion_token_ids=r["completion_token_ids"],
+        completion_logprobs=r["completion_logprobs"],
+        error=r["error"],
+        request_max_tokens=r.get("request_max_tokens"),
+        attempts=r.get("attempts") or 1,
+        egress=[EgressRequest(**x) for x in (r.get("egress") or [])],
+    )

@@ -1,7 +1,7 @@
 """The per-episode append-only journal: a crash loses at most the turn in flight.
 
-One JSON line per record: the episode header first, then one line per turn, each
-written, flushed and (by default) fdatasync'ed before `record_turn` returns. While an
+One JSON line per record (tasks/journal.py's format, read back by its `read_journal`):
+the episode header first, then one line per turn, each written, flushed and (by default) fdatasync'ed before `record_turn` returns. While an
 episode is being recorded its writer holds an exclusive ``flock`` on the journal, so
 "orphaned" (nobody is writing it any more: the process died) is a question the kernel
 answers, across threads and processes, without a lock server: if we can take the lock,
@@ -13,18 +13,25 @@ Finishing an episode writes its Parquet files and then deletes the journal.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import queue
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ValidationError
-
+from datasets_prep.secrets import scrub
+from tasks.journal import JournalContents, journal_line, read_journal
 from tasks.records import EpisodeRecord, TurnRecord
-from warehouse.secrets import scrub
+
+__all__ = [
+    "DURABILITIES",
+    "Durability",
+    "Journal",
+    "JournalBusy",
+    "JournalContents",
+    "is_live",
+    "read_journal",
+]
 
 Durability = Literal["sync", "turn", "flush"]
 DURABILITIES = ("sync", "turn", "flush")
@@ -101,7 +108,7 @@ class Journal:
         header = episode.model_dump(mode="json")
         header["config"] = scrub(header.get("config") or {})
         header["prompt_messages"] = scrub(header.get("prompt_messages") or [])
-        self._write('{"k":"e","r":' + json.dumps(header, ensure_ascii=False) + "}\n")
+        self._write(journal_line("start", header))
 
     def _write(self, line: str) -> None:
         if self._pending is not None:  # the previous line's sync must be done first
@@ -115,7 +122,7 @@ class Journal:
             self._pending = _SYNCER.submit(self._fh.fileno())
 
     def append(self, turn: TurnRecord) -> None:
-        self._write('{"k":"t","r":' + turn.model_dump_json() + "}\n")
+        self._write(journal_line("turn", turn))
 
     def wait_synced(self) -> None:
         """Block until every line written so far is on disk (durability turn/sync)."""
@@ -148,39 +155,3 @@ def is_live(path: Path) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-@dataclass
-class JournalContents:
-    path: Path
-    episode: EpisodeRecord | None
-    turns: list[TurnRecord] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)  # lines that could not be read
-
-
-def read_journal(path: Path) -> JournalContents:
-    """Parse a journal. A torn last line (the turn in flight at the crash) is skipped and
-    reported; a damaged line elsewhere is reported with its line number, never fatal."""
-    out = JournalContents(path=path, episode=None)
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        lines = fh.read().split("\n")
-    last = len(lines) - 1
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            kind, rec = obj["k"], obj["r"]
-            if kind == "e":
-                out.episode = EpisodeRecord.model_validate(rec)
-            elif kind == "t":
-                out.turns.append(TurnRecord.model_validate(rec))
-            else:
-                out.problems.append(f"{path}:{n}: unknown record kind {kind!r}")
-        except (ValueError, KeyError, TypeError, ValidationError) as exc:
-            where = "torn last line (turn in flight at the crash)" if n - 1 == last else "bad line"
-            out.problems.append(f"{path}:{n}: {where}: {str(exc).splitlines()[0][:200]}")
-    # Keep the last record of each turn index (a retried turn may be journaled twice).
-    by_index = {t.turn_index: t for t in out.turns}
-    out.turns = [by_index[i] for i in sorted(by_index)]
-    return out

@@ -21,10 +21,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from datasets_prep.secrets import scrub
 from warehouse.convert import dumps, now_utc, rows_table, utc
 from warehouse.layout import Layout, new_id, write_parquet_atomic
 from warehouse.schema import check_run_id
-from warehouse.secrets import scrub
 
 CAPABILITIES = ("computation", "file_management", "external_resource", "none")
 

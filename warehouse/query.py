@@ -89,6 +89,10 @@ class WarehouseQueryError(WarehouseError):
     pass
 
 
+class RunNotFound(WarehouseError):
+    """The warehouse holds no episodes of the run asked for (the message lists recent runs)."""
+
+
 class ReadOnlyError(WarehouseQueryError):
     """A statement that could write a file, refused by the read-only SQL surface."""
 

@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from warehouse.commit import commit_episode
 from warehouse.journal import is_live, read_journal
 from warehouse.layout import Layout
-from warehouse.writer import commit_episode
 
 RECOVERED_DIR = "recovered"
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from datasets_prep.secrets import scrub
 from warehouse.convert import dumps, now_utc, rows_table, utc
 from warehouse.layout import Layout, write_parquet_atomic
 from warehouse.schema import check_run_id
-from warehouse.secrets import scrub
 
 RUN_STATUSES = ("running", "finished", "failed", "interrupted")
 

@@ -7,7 +7,8 @@ scores and usage labels, read episodes and turns back, compact, query.
 
 from __future__ import annotations
 
-import os
+import logging
+import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -17,29 +18,27 @@ import pyarrow as pa
 
 from tasks.records import INFRA_TERMINATIONS, episode_key
 from warehouse.compact import CompactionResult, compact_run
+from warehouse.convert import episode_record, turn_record
 from warehouse.journal import Durability
 from warehouse.labels import ScoreRow, UsageRow, write_scores, write_usage
 from warehouse.layout import Layout
-from warehouse.query import WarehouseQuery
+from warehouse.query import RunNotFound, WarehouseError, WarehouseNotFound, WarehouseQuery
 from warehouse.recovery import Orphan, find_orphans, recover_orphans
+from warehouse.rundata import RunData, latest_scores
 from warehouse.runs import finish_run, read_run, write_run
 from warehouse.schema import check_run_id
+from warehouse.series import MAX_TURNS, SeriesData, read_series, read_trajectories
 from warehouse.writer import EpisodeWriter
 
-
-def default_root() -> Path:
-    """Settings.warehouse (SANDFLOW_WAREHOUSE / sandflow.toml), else ./warehouse_data."""
-    try:
-        from sandflow.config import load_settings
-
-        return Path(load_settings().warehouse)
-    except Exception:  # a broken config file must not stop a read-only query
-        return Path(os.environ.get("SANDFLOW_WAREHOUSE", "warehouse_data"))
+log = logging.getLogger(__name__)
 
 
 class Warehouse:
-    def __init__(self, root: Path | str | None = None) -> None:
-        self.layout = Layout(root if root is not None else default_root())
+    """The warehouse at `root` (the application resolves it: --warehouse, SANDFLOW_WAREHOUSE,
+    sandflow.toml, else DEFAULT_ROOT; this library never reads settings itself)."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.layout = Layout(root)
 
     @property
     def root(self) -> Path:
@@ -79,7 +78,7 @@ class Warehouse:
             return set()
         with self.query(run_id=run_id, tables=("episodes",)) as q:
             rows = q.rows("SELECT episode_id, termination FROM episodes")
-        return {eid for eid, term in rows if include_infra or term not in INFRA_TERMINATIONS}
+        return {eid for eid, term in rows if _done(term, include_infra)}
 
     def done_keys(self, run_id: str, *, include_infra: bool = False) -> set[tuple[str, str, int]]:
         """(task_id, mode, sample_index) of the done episodes of `run_id` (see done_episode_ids).
@@ -97,8 +96,7 @@ class Warehouse:
         return {
             (task, mode, int(sample))
             for eid, task, mode, sample, term in rows
-            if (include_infra or term not in INFRA_TERMINATIONS)
-            and episode_key(run_id, task, mode, int(sample)) == eid
+            if _done(term, include_infra) and episode_key(run_id, task, mode, int(sample)) == eid
         }
 
     def orphans(self, run_id: str | None = None) -> list[Orphan]:
@@ -111,14 +109,98 @@ class Warehouse:
         """Commit orphans as termination='interrupted' (or discard them)."""
         return recover_orphans(self.layout, run_id, action)
 
+    def hold_run(self, run_id: str, *, wait: bool | float = False) -> Any:
+        """The run's lock (warehouse/runlock.py): one writing process per run id. A context
+        manager; raises RunLocked naming the holder when another process has it."""
+        from warehouse.runlock import hold_run
+
+        return hold_run(self.layout, check_run_id(run_id), wait=wait)
+
+    def remove_dead_temps(self, run_id: str) -> list[Path]:
+        """Delete what writers of `run_id` killed mid-write left (call under the run's lock)."""
+        from warehouse.compact import remove_dead_temps
+
+        return remove_dead_temps(self.layout, check_run_id(run_id))
+
     # ---- maintenance -----------------------------------------------------------------
-    def compact(self, run_id: str, **kwargs: Any) -> CompactionResult:
-        return compact_run(self.layout, check_run_id(run_id), **kwargs)
+    def compact(self, run_id: str, *, settle_s: float = 0.0, **kwargs: Any) -> CompactionResult:
+        """Merge the run's files into one per table (atomic, idempotent).
+
+        settle_s: a query session open right now keeps the merged inputs on disk, hidden;
+        wait up to this long for it to close and delete them then, so a finished run does
+        not keep two copies of its data until someone compacts it again.
+        """
+        res = compact_run(self.layout, check_run_id(run_id), **kwargs)
+        deadline = time.monotonic() + settle_s
+        while res.pending_deletes and time.monotonic() < deadline:
+            time.sleep(0.2)
+            if self.layout.readers_idle():
+                res.pending_deletes = compact_run(self.layout, run_id, **kwargs).pending_deletes
+        return res
 
     def run_ids(self) -> list[str]:
         return self.layout.run_ids()
 
     # ---- reading ---------------------------------------------------------------------
+    def load_run(
+        self, run_id: str, *, verifier: str | None = None, with_turns: bool = True
+    ) -> RunData:
+        """One run's current episodes, their turns and current scores, from one snapshot.
+
+        The latest recording attempt of an episode wins (its turns are that attempt's);
+        a bad file is left out with a warning naming it (`RunData.skipped_files`); scores
+        are the newest batch per (episode, verifier), stale ones (of an attempt since
+        re-recorded) left out. Raises WarehouseError subclasses that say what to do.
+        """
+        if not self.root.exists():
+            raise WarehouseNotFound(
+                f"warehouse root {self.root} does not exist (set --warehouse or SANDFLOW_WAREHOUSE)"
+            )
+        tables = ("episodes", "turns", "scores") if with_turns else ("episodes", "scores")
+        with self._session(run_id, tables) as q:
+            eps = _rows(q, "SELECT * FROM episodes")
+            if not eps:
+                known = ", ".join(self.run_ids()[-5:]) or "none"
+                raise RunNotFound(
+                    f"run {run_id!r} has no episodes in warehouse {self.root} (recent runs: {known})"
+                )
+            data = RunData(
+                run_id=run_id,
+                episodes=[episode_record(r) for r in eps],
+                attempts={r["episode_id"]: r["write_id"] for r in eps},
+                skipped_files=[str(b) for b in q.snapshot.bad],
+            )
+            data.episodes.sort(key=lambda e: (e.domain, e.task_id, e.mode, e.sample_index))
+            if with_turns:
+                for r in _rows(q, "SELECT * FROM turns ORDER BY episode_id, turn_index"):
+                    data.turns.setdefault(r["episode_id"], []).append(turn_record(r))
+            data.scores = latest_scores(_rows(q, "SELECT * FROM scores"), verifier)
+        if data.skipped_files:
+            log.warning(
+                "run %s: %d bad file(s) left out: %s",
+                run_id,
+                len(data.skipped_files),
+                "; ".join(data.skipped_files[:5]),
+            )
+        return data
+
+    def series(self, run_id: str, *, last: int = 14) -> SeriesData:
+        """The run's nightly series up to the run itself (warehouse.series.read_series)."""
+        return read_series(self.root, run_id, last=last)
+
+    def trajectories(
+        self, wanted: dict[str, list[str]], *, max_turns: int = MAX_TURNS
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        """(run_id, episode_id) -> episode row with its first turns (warehouse.series)."""
+        return read_trajectories(self.root, wanted, max_turns=max_turns)
+
+    def _session(self, run_id: str, tables: tuple[str, ...]) -> WarehouseQuery:
+        """A query session on one run's files; an invalid run id becomes a WarehouseError."""
+        try:
+            return self.query(run_id=run_id, tables=tables)
+        except ValueError as exc:  # an invalid run id (it names it)
+            raise WarehouseError(str(exc)) from None
+
     def query(
         self, *, run_id: str | None = None, quarantine: bool = False, **kw: Any
     ) -> WarehouseQuery:
@@ -154,3 +236,16 @@ class Warehouse:
                 + f" ORDER BY {order}"
             )
             return q.arrow(sql)
+
+
+def _done(termination: str | None, include_infra: bool) -> bool:
+    """An episode ended with the model's own result; infra failures only when asked."""
+    return termination is not None and (include_infra or termination not in INFRA_TERMINATIONS)
+
+
+def _rows(q: WarehouseQuery, sql: str) -> list[dict[str, Any]]:
+    table = q.arrow(sql)
+    out: list[dict[str, Any]] = []
+    for batch in table.to_batches():  # batch by batch: no second full copy of the run
+        out.extend(batch.to_pylist())
+    return out

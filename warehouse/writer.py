@@ -18,70 +18,14 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-
 from tasks.records import EpisodeRecord, TurnRecord
-from warehouse.convert import episode_row, now_utc, rows_table, turns_table
+from warehouse.commit import RecordError, commit_episode
 from warehouse.journal import DURABILITIES, Durability, Journal, is_live
-from warehouse.layout import Layout, check_episode_id, new_id, write_parquet_atomic
+from warehouse.layout import Layout, check_episode_id, new_id
+from warehouse.recovery import recover_journal
 from warehouse.schema import check_run_id
 
 log = logging.getLogger(__name__)
-
-
-class RecordError(ValueError):
-    """A record the warehouse cannot store as given (the message says which and why)."""
-
-
-def commit_episode(
-    layout: Layout,
-    episode: EpisodeRecord,
-    turns: list[TurnRecord],
-    *,
-    durable: bool = True,
-) -> str:
-    """Write one episode's turns and summary atomically; returns the attempt's write_id.
-
-    Order matters: the turns file first, the episode file last. The episode row is the
-    commit point: the views show turns only of the attempt its write_id names.
-    """
-    for t in turns:
-        if t.run_id != episode.run_id or t.episode_id != episode.episode_id:
-            raise RecordError(
-                f"turn {t.turn_index} belongs to run {t.run_id!r} episode {t.episode_id!r}, "
-                f"not to run {episode.run_id!r} episode {episode.episode_id!r}"
-            )
-    write_id = new_id()
-    if turns:
-        write_parquet_atomic(
-            turns_table(turns, write_id, prompt_deltas=True),
-            layout.turns_file(episode.run_id, episode.episode_id, write_id),
-            durable=durable,
-        )
-    ep = _with_totals(episode, turns)
-    table = rows_table("episodes", [episode_row(ep, write_id, now_utc())])
-    write_parquet_atomic(
-        table, layout.episode_file(episode.run_id, episode.episode_id), durable=durable
-    )
-    return write_id
-
-
-def _with_totals(ep: EpisodeRecord, turns: list[TurnRecord]) -> EpisodeRecord:
-    """Fill totals the loop left at zero from the turns (never overrides given numbers)."""
-    if not turns:
-        return ep
-    upd: dict[str, object] = {}
-    if ep.num_turns == 0:
-        upd["num_turns"] = len(turns)
-    if ep.prompt_tokens == 0 and ep.completion_tokens == 0:
-        upd["prompt_tokens"] = sum(t.usage.prompt_tokens or 0 for t in turns)
-        upd["completion_tokens"] = sum(t.usage.completion_tokens or 0 for t in turns)
-        upd["cached_tokens"] = sum(t.usage.cached_tokens or 0 for t in turns)
-    if ep.model_s == 0.0:
-        upd["model_s"] = sum(t.model_latency_s for t in turns)
-    if ep.tool_s == 0.0:
-        upd["tool_s"] = sum(t.tool_latency_s for t in turns)
-    return ep.model_copy(update=upd) if upd else ep
 
 
 @dataclass
@@ -194,14 +138,7 @@ class EpisodeWriter:
         return state
 
     def _recover_orphan(self, path: Path) -> None:
-        from warehouse.recovery import recover_journal
-
         recover_journal(self.layout, path)
-
-
-def write_batch(layout: Layout, table: str, run_id: str, rows: pa.Table, batch_id: str) -> Path:
-    """Write a batch file (scores, usage) atomically."""
-    return write_parquet_atomic(rows, layout.batch_file(table, run_id, batch_id))
 
 
 __all__ = ["EpisodeWriter", "RecordError", "commit_episode", "new_id"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from datasets_prep.verifiers import choice, instruct, judge, mathv, numeric, text  # noqa: F401  (register)
+from datasets_prep.verifiers import choice, instruct, mathv, numeric, text  # noqa: F401  (register)
 from datasets_prep.verifiers.base import (
     DESCRIPTIONS,
     GOLD_CHECKS,
@@ -23,6 +23,7 @@ from datasets_prep.verifiers.base import (
     VerifierError,
     VerifierResult,
 )
+from datasets_prep.verifiers.judge import JudgeEndpoint
 
 if TYPE_CHECKING:
     from datasets_prep.task import Task
@@ -104,17 +105,23 @@ def check_ground_truth(task: Task, verifier: str | None = None) -> str:
     return name
 
 
-def score(task: Task, answer: Any, verifier: str | None = None) -> VerifierResult:
+def score(
+    task: Task, answer: Any, verifier: str | None = None, *, judge: JudgeEndpoint | None = None
+) -> VerifierResult:
     """Score one answer for one task. `verifier=None` or "auto" picks by the task.
 
     A malformed or empty answer scores 0 with a reason; an unusable ground truth
-    or an unknown verifier raises VerifierError (the task's fault, not the model's)."""
+    or an unknown verifier raises VerifierError (the task's fault, not the model's).
+    `judge`: the endpoint of the LLM judge, used only by verifier="judge"."""
     name = choose(task) if verifier in (None, "", "auto") else str(verifier)
     fn = get(name)
+    if name == "judge":
+        return fn(answer, task.ground_truth, task, endpoint=judge)
     return fn(answer, task.ground_truth, task)
 
 
 __all__ = [
+    "JudgeEndpoint",
     "VerifierResult",
     "VerifierError",
     "score",

@@ -35,7 +35,7 @@ class VerifierError(ValueError):
     """The ground truth or the verifier choice is unusable (not the answer's fault)."""
 
 
-VerifierFn = Callable[[Any, Any, "Task | None"], VerifierResult]
+VerifierFn = Callable[..., VerifierResult]  # (answer, ground_truth, task, **inputs)
 GoldCheck = Callable[[Any, "Task | None"], None]
 REGISTRY: dict[str, VerifierFn] = {}
 DESCRIPTIONS: dict[str, str] = {}
@@ -49,10 +49,12 @@ def register(
     name: str, description: str, gold: GoldCheck | None = None
 ) -> Callable[[VerifierFn], VerifierFn]:
     def deco(fn: VerifierFn) -> VerifierFn:
-        def wrapped(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+        def wrapped(
+            answer: Any, ground_truth: Any, task: Task | None = None, **inputs: Any
+        ) -> VerifierResult:
             if gold is not None:
                 gold(ground_truth, task)
-            r = fn(answer, ground_truth, task)
+            r = fn(answer, ground_truth, task, **inputs)  # inputs: e.g. the judge's endpoint
             if not r.verifier:
                 r.verifier = name
             return r

@@ -1,9 +1,10 @@
 """An optional LLM judge through any OpenAI-compatible endpoint.
 
 Used only when asked for (verifier="judge"): it is not pure in the strict sense
-(it calls a model), so it is never chosen by `auto`. The endpoint comes from
-Settings (SANDFLOW_JUDGE_BASE_URL, SANDFLOW_JUDGE_MODEL, SANDFLOW_JUDGE_API_KEY);
-the key is read from the environment only and never appears in a result.
+(it calls a model), so it is never chosen by `auto`. Its endpoint is an input like the
+answer: a `JudgeEndpoint` handed to `score(..., judge=...)` by the application, which
+resolves it from SANDFLOW_JUDGE_BASE_URL / _MODEL / _API_KEY (sandflow.config); this
+library never reads settings. The key never appears in a result or a dump.
 Temperature 0; the openai client retries transient errors.
 """
 
@@ -13,6 +14,8 @@ import json
 import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field, SecretStr
 
 from datasets_prep.verifiers.base import VerifierError, VerifierResult, as_text, register, result
 
@@ -34,6 +37,19 @@ Is the answer correct, judged by meaning rather than wording? Reply with JSON on
 {{"score": <number from 0 to 1>, "reason": "<one short sentence>"}}"""
 
 MAX_ANSWER_CHARS = 8000
+NOT_CONFIGURED = (
+    "the judge verifier needs an endpoint: set SANDFLOW_JUDGE_BASE_URL and SANDFLOW_JUDGE_MODEL "
+    "(and SANDFLOW_JUDGE_API_KEY if the server wants one)"
+)
+
+
+class JudgeEndpoint(BaseModel):
+    """Where the judge model is served. The key is excluded from every dump."""
+
+    base_url: str
+    model: str
+    api_key: SecretStr | None = Field(None, exclude=True, repr=False)
+    timeout_s: float = 120.0
 
 
 @lru_cache(maxsize=4)
@@ -75,15 +91,11 @@ def _gold_reference(ground_truth: Any, task: Task | None) -> None:
     "judge", "an LLM judge via an OpenAI-compatible endpoint (SANDFLOW_JUDGE_*), on request only",
     gold=_gold_reference,
 )
-def judge(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
-    from sandflow.config import load_settings
-
-    s = load_settings()
-    if not s.judge_base_url or not s.judge_model:
-        raise VerifierError(
-            "the judge verifier needs an endpoint: set SANDFLOW_JUDGE_BASE_URL and SANDFLOW_JUDGE_MODEL "
-            "(and SANDFLOW_JUDGE_API_KEY if the server wants one)"
-        )
+def judge(
+    answer: Any, ground_truth: Any, task: Task | None = None, *, endpoint: JudgeEndpoint | None = None
+) -> VerifierResult:
+    if endpoint is None:
+        raise VerifierError(NOT_CONFIGURED)
     text = as_text(answer)
     if text is None:
         return result(0, "empty answer")
@@ -93,14 +105,14 @@ def judge(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierR
         reference=ground_truth if isinstance(ground_truth, str) else json.dumps(ground_truth),
         answer=text[-MAX_ANSWER_CHARS:],
     )
-    key = s.judge_api_key.get_secret_value() if s.judge_api_key else ""
-    client = _client(s.judge_base_url, key, s.request_timeout_s)
+    key = endpoint.api_key.get_secret_value() if endpoint.api_key else ""
+    client = _client(endpoint.base_url, key, endpoint.timeout_s)
     try:
         reply = client.chat.completions.create(
-            model=s.judge_model, messages=[{"role": "user", "content": prompt}], temperature=0.0, max_tokens=200
+            model=endpoint.model, messages=[{"role": "user", "content": prompt}], temperature=0.0, max_tokens=200
         )
     except Exception as e:  # openai raises many types; the judge failing is not the answer's fault
         raise VerifierError(f"the judge endpoint failed: {type(e).__name__}: {str(e)[:200]}") from None
     content = reply.choices[0].message.content or ""
     score, why = parse_verdict(content)
-    return result(score, f"judge ({s.judge_model}): {why}", judge_model=s.judge_model)
+    return result(score, f"judge ({endpoint.model}): {why}", judge_model=endpoint.model)

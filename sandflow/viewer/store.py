@@ -17,7 +17,7 @@ snapshot and replaces it when the warehouse changed:
 
 DuckDB connections are not for concurrent use, so every query runs under one lock; the
 SQL box's queries are bounded in time (DuckDB's interrupt) and in rows fetched. Every
-value leaving here is scrubbed of secrets (warehouse.secrets: API keys are never
+value leaving here is scrubbed of secrets (datasets_prep.secrets: API keys are never
 recorded; this is the second line of defence).
 """
 

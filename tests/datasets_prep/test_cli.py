@@ -7,8 +7,8 @@ import json
 import typer
 from typer.testing import CliRunner
 
-from datasets_prep.cli import register
 from datasets_prep.io import read_taskset
+from sandflow.commands.tasksets import register
 
 app = typer.Typer()
 

@@ -256,24 +256,29 @@ def judge_server(monkeypatch):
 def test_judge_over_real_http(judge_server):
     judge_server.replies += ['{"score": 1, "reason": "same meaning"}', "```json\n{\"score\": 0.0, \"reason\": \"wrong\"}\n```",
                              "I cannot decide"]
+    from sandflow.config import load_settings
+
+    judge = load_settings().judge_endpoint()  # the application resolves SANDFLOW_JUDGE_*
     t = T(ground_truth="Paris", metadata={"question": "Capital of France?"})
-    r = score(t, "It is Paris.", "judge")
+    r = score(t, "It is Paris.", "judge", judge=judge)
     assert r.score == 1 and "same meaning" in r.reason and "sk-test-secret" not in r.model_dump_json()
     sent = judge_server.seen[0]
     assert sent["auth"] == "Bearer sk-test-secret" and sent["body"]["temperature"] == 0
     assert "Capital of France?" in sent["body"]["messages"][0]["content"]
-    assert score(t, "Lyon", "judge").score == 0
+    assert score(t, "Lyon", "judge", judge=judge).score == 0
     with pytest.raises(VerifierError, match="no score"):
-        score(t, "hmm", "judge")
-    assert score(t, "", "judge").score == 0  # empty answers never reach the judge
+        score(t, "hmm", "judge", judge=judge)
+    assert score(t, "", "judge", judge=judge).score == 0  # empty answers never reach the judge
     assert len(judge_server.seen) == 3
 
 
 def test_judge_unconfigured(monkeypatch):
     monkeypatch.delenv("SANDFLOW_JUDGE_BASE_URL", raising=False)
     monkeypatch.delenv("SANDFLOW_JUDGE_MODEL", raising=False)
+    from sandflow.config import load_settings
+
     with pytest.raises(VerifierError, match="SANDFLOW_JUDGE_BASE_URL"):
-        score(T(), "x", "judge")
+        score(T(), "x", "judge", judge=load_settings().judge_endpoint())
 
 
 # ------------------------------------ issue #11: an unusable ground truth is never a 0

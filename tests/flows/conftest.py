@@ -87,6 +87,9 @@ def containers_of(run_id: str) -> list[Any]:
 
 
 def run_kwargs(task_set: Path, server: ScriptedModel, warehouse: Path, **kw: Any) -> dict[str, Any]:
+    """run_flow's arguments: one RunSpec (tasks/spec.py) from these flat fields."""
+    from tasks.spec import RunSpec
+
     base: dict[str, Any] = dict(
         task_set=str(task_set),
         model="scripted",
@@ -99,4 +102,4 @@ def run_kwargs(task_set: Path, server: ScriptedModel, warehouse: Path, **kw: Any
         durability="flush",
     )
     base.update(kw)
-    return base
+    return {"spec": RunSpec(**base)}

@@ -94,12 +94,10 @@ def test_bench_end_to_end(tmp_path: Path, model: ScriptedModel) -> None:
 
 def test_resume_after_interruption(tmp_path: Path, model: ScriptedModel) -> None:
     """Some episodes recorded, one killed mid-episode (journal left), then the same run id again."""
-    from flows.episode import EpisodeSettings, run_one
+    from flows.episode import run_one
     from flows.run import plan, run_flow
-    from sandbox.base import SandboxConfig
-    from tasks.loop import Limits
-    from tasks.model import ModelConfig
     from tasks.records import EpisodeRecord, TurnRecord
+    from tasks.spec import RunSpec
     from warehouse.writer import EpisodeWriter
 
     tasks = tiny_tasks(3)
@@ -107,10 +105,10 @@ def test_resume_after_interruption(tmp_path: Path, model: ScriptedModel) -> None
     wh = tmp_path / "wh"
     rid = new_run_id("resume")
     specs = plan(tasks, rid, "both", 1)
-    settings = EpisodeSettings(
-        model=ModelConfig(model="scripted", base_url=model.url),
-        sandbox=SandboxConfig(run_id=rid),
-        limits=Limits(max_steps=6),
+    settings = RunSpec(
+        model="scripted",
+        base_url=model.url,
+        max_steps=6,
         warehouse=str(wh),
     )
     # "Before the crash": two episodes finished and recorded ...
@@ -180,9 +178,9 @@ def test_infra_failures_are_retried_and_model_failures_are_results(tmp_path: Pat
     assert seen["t0"] == 2  # retried once, then fine
     terms = dict(_query(wh, f"SELECT task_id, termination FROM episodes WHERE run_id = '{rid}'"))
     assert terms == {"t0": "submitted", "t1": "model_error", "t2": "max_steps"}
-    from flows.store import done_keys
+    from warehouse import Warehouse
 
-    assert len(done_keys(wh, rid)) == 2  # t1 is re-run on resume
+    assert len(Warehouse(wh).done_keys(rid)) == 2  # t1 is re-run on resume
     assert containers_of(rid) == []
 
 
@@ -194,7 +192,7 @@ def test_ctrl_c_stops_episodes_at_a_turn_boundary_and_resume_finishes(tmp_path: 
     import threading
 
     from flows.run import run_flow
-    from flows.store import done_keys
+    from warehouse import Warehouse
 
     ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(6))
     wh = tmp_path / "wh"
@@ -217,10 +215,10 @@ def test_ctrl_c_stops_episodes_at_a_turn_boundary_and_resume_finishes(tmp_path: 
         terms = _query(wh, f"SELECT termination, count(*) FROM episodes WHERE run_id = '{rid}' GROUP BY 1")
         assert dict(terms).get("interrupted", 0) >= 1, terms
         assert sum(n for _, n in terms) < 6  # queued episodes never started
-        done_before = len(done_keys(wh, rid))
+        done_before = len(Warehouse(wh).done_keys(rid))
         summary = run_flow.with_options(task_runner=_thread_runner())(**kwargs)
     assert summary["skipped"] == done_before and summary["succeeded"] == 6 - done_before
-    assert len(done_keys(wh, rid)) == 6
+    assert len(Warehouse(wh).done_keys(rid)) == 6
     assert _query(wh, f"SELECT count(*), count(DISTINCT episode_id) FROM episodes WHERE run_id = '{rid}'") == [(6, 6)]
     assert containers_of(rid) == []
 
@@ -242,7 +240,7 @@ def test_token_ids_flow_into_token_level_rollouts(tmp_path: Path) -> None:
     rollouts flow rebuilds prompt/response ids with the environment's tokens masked."""
     from datasets import load_dataset
 
-    from flows.export import rollouts_flow
+    from flows.rollouts import rollouts_flow
     from flows.run import run_flow
     from flows.score import score_flow
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from flows import progress
-from flows.progress import LineEpisodeProgress, RichEpisodeProgress
+from sandflow.commands.progress import LineEpisodeProgress, RichEpisodeProgress
 
 REPO = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[")
@@ -68,7 +68,7 @@ def test_without_a_tty_a_subprocess_prints_plain_lines_every_few_seconds_of_chan
         """
         import time
         from flows import progress
-        from flows.progress import RichEpisodeProgress
+        from sandflow.commands.progress import RichEpisodeProgress
         with RichEpisodeProgress("episodes"):
             progress.planned(total=6, skipped=0, run_id="r-3")
             for i in range(6):

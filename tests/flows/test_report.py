@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from flows import analysis
-from flows.report import ReportData, to_markdown, write_report
-from flows.rundata import RunData
+from analysis import metrics as analysis
+from analysis.report import ReportData, to_markdown, write_report
 from tasks.records import EpisodeRecord, ToolCall, TurnRecord
+from warehouse.rundata import RunData
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 RUN = "pytest-report"

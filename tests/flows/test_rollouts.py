@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from datasets_prep.task import Task
-from flows.advantages import group_advantages, grpo, rloo
-from flows.rollouts import (
+from analysis.advantages import group_advantages, grpo, rloo
+from analysis.rollouts import (
     TASKSET_SCHEMA,
     TOKEN_SCHEMA,
     TRAJECTORY_SCHEMA,
@@ -24,8 +23,9 @@ from flows.rollouts import (
     trajectory_rows,
     write_rows,
 )
-from flows.rundata import RunData
+from datasets_prep.task import Task
 from tasks.records import EpisodeRecord, Observation, ToolCall, TurnRecord, Usage
+from warehouse.rundata import RunData
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 RUN = "pytest-rollouts"

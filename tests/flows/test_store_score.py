@@ -50,7 +50,7 @@ def _text(body: dict) -> str:
 def test_run_compacts_at_its_end_and_resume_keeps_one_row_per_key(tmp_path: Path) -> None:
     """Run 1 leaves t1 as model_error and compacts; the resume re-runs t1, whose new files sit
     beside the compacted ones (latest attempt wins); the next run's compaction merges them."""
-    from flows.store import done_keys, load_run
+    from warehouse import Warehouse
 
     ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(3))
     wh = tmp_path / "wh"
@@ -71,7 +71,7 @@ def test_run_compacts_at_its_end_and_resume_keeps_one_row_per_key(tmp_path: Path
         for table in ("episodes", "turns"):
             (name,) = _files(wh, table, rid)
             assert name.startswith("compacted-")
-        assert len(done_keys(wh, rid)) == 2  # resume reads the compacted file
+        assert len(Warehouse(wh).done_keys(rid)) == 2  # resume reads the compacted file
 
         broken["t1"] = False
         second = _run(ts, server, wh, rid, compact=False)
@@ -83,7 +83,7 @@ def test_run_compacts_at_its_end_and_resume_keeps_one_row_per_key(tmp_path: Path
         assert _query(wh, f"SELECT count(*) FROM _raw_episodes WHERE run_id = '{rid}'") == [(4,)]
         terms = dict(_query(wh, f"SELECT task_id, termination FROM episodes WHERE run_id = '{rid}'"))
         assert terms == {"t0": "submitted", "t1": "submitted", "t2": "submitted"}
-        data = load_run(wh, rid)
+        data = Warehouse(wh).load_run(rid)
         assert len(data.episodes) == 3 and {e.termination for e in data.episodes} == {"submitted"}
         t1 = next(e for e in data.episodes if e.task_id == "t1")
         assert f"{t1.episode_id}.{data.attempts[t1.episode_id]}.parquet" in _files(wh, "turns", rid)
@@ -96,7 +96,7 @@ def test_run_compacts_at_its_end_and_resume_keeps_one_row_per_key(tmp_path: Path
         (name,) = _files(wh, table, rid)
         assert name.startswith("compacted-")
     assert _query(wh, f"SELECT count(*) FROM _raw_episodes WHERE run_id = '{rid}'") == [(3,)]
-    assert load_run(wh, rid).turns_of(t1.episode_id)[0].assistant_content == ANSWER
+    assert Warehouse(wh).load_run(rid).turns_of(t1.episode_id)[0].assistant_content == ANSWER
 
 
 def test_run_end_compaction_with_a_reader_open(tmp_path: Path) -> None:
@@ -146,13 +146,11 @@ def test_run_end_compaction_with_a_reader_open(tmp_path: Path) -> None:
 
 
 def test_a_rerecorded_episode_loses_its_stale_score_until_scored_again(tmp_path: Path) -> None:
-    from flows.episode import EpisodeSettings, run_one
+    from flows.episode import run_one
     from flows.run import plan
     from flows.score import score_flow
-    from flows.store import load_run
-    from sandbox.base import SandboxConfig
-    from tasks.loop import Limits
-    from tasks.model import ModelConfig
+    from tasks.spec import RunSpec
+    from warehouse import Warehouse
 
     tasks = tiny_tasks(2)
     ts = write_tasks(tmp_path / "tiny.parquet", tasks)
@@ -163,26 +161,26 @@ def test_a_rerecorded_episode_loses_its_stale_score_until_scored_again(tmp_path:
         _run(ts, server, wh, rid)
         first = score_flow(run_id=rid, warehouse=str(wh))
         assert first["scored"] == 2 and first["mean_score"] == 1.0
-        data = load_run(wh, rid)
+        data = Warehouse(wh).load_run(rid)
         assert {e: s.score for e, s in data.scores.items()} == {e.episode_id: 1.0 for e in data.episodes}
         # Re-record t0's episode (same key, new attempt) with a wrong answer.
         reply["text"] = "41"
         spec = next(s for s in plan(tasks, rid, "llm", 1) if s.task.id == "t0")
-        settings = EpisodeSettings(
-            model=ModelConfig(model="scripted", base_url=server.url),
-            sandbox=SandboxConfig(run_id=rid),
-            limits=Limits(max_steps=3),
+        settings = RunSpec(
+            model="scripted",
+            base_url=server.url,
+            max_steps=3,
             warehouse=str(wh),
         )
         assert run_one(spec, settings).termination == "submitted"
-    data = load_run(wh, rid)
+    data = Warehouse(wh).load_run(rid)
     assert spec.key not in data.scores and len(data.scores) == 1  # the old 1.0 is stale
     assert _query(wh, f"SELECT episode_id FROM stale_scores WHERE run_id = '{rid}'") == [(spec.key,)]
     assert _query(wh, f"SELECT episodes, scored FROM accuracy WHERE run_id = '{rid}'") == [(2, 1)]
 
     second = score_flow(run_id=rid, warehouse=str(wh))  # scores the current attempts
     assert second["scored"] == 2 and second["mean_score"] == 0.5
-    data = load_run(wh, rid)
+    data = Warehouse(wh).load_run(rid)
     assert data.scores[spec.key].score == 0.0  # the new answer was judged, not the old one
     assert _query(wh, f"SELECT episode_write_id = '{data.attempts[spec.key]}' FROM scores "
                       f"WHERE episode_id = '{spec.key}'") == [(True,)]  # fmt: skip
@@ -193,7 +191,7 @@ def test_flows_skip_a_bad_file_with_a_warning_naming_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from flows.score import score_flow
-    from flows.store import done_keys, load_run
+    from warehouse import Warehouse
 
     ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(2))
     wh = tmp_path / "wh"
@@ -203,22 +201,23 @@ def test_flows_skip_a_bad_file_with_a_warning_naming_it(
     bad = wh / "episodes" / f"run_id={rid}" / "half-written.parquet"
     bad.write_bytes(b"PAR1" + b"\x00" * 40)  # no closing magic bytes: truncated
     with caplog.at_level(logging.WARNING):
-        data = load_run(wh, rid)
+        data = Warehouse(wh).load_run(rid)
     assert len(data.episodes) == 2 and all(len(data.turns_of(e.episode_id)) == 1 for e in data.episodes)
     assert len(data.skipped_files) == 1 and str(bad) in data.skipped_files[0]
     assert str(bad) in caplog.text
-    assert len(done_keys(wh, rid)) == 2
+    assert len(Warehouse(wh).done_keys(rid)) == 2
     summary = score_flow(run_id=rid, warehouse=str(wh))
     assert summary["scored"] == 2 and str(bad) in summary["skipped_files"][0]
 
 
 def test_store_errors_name_the_problem(tmp_path: Path) -> None:
-    from flows.store import StoreError, load_run
+    from warehouse import Warehouse
+    from warehouse import WarehouseError as StoreError
 
     with pytest.raises(StoreError, match="does not exist"):
-        load_run(tmp_path / "nowhere", "r1")
+        Warehouse(tmp_path / "nowhere").load_run("r1")
     (tmp_path / "wh").mkdir()
     with pytest.raises(StoreError, match="has no episodes"):
-        load_run(tmp_path / "wh", "r1")
+        Warehouse(tmp_path / "wh").load_run("r1")
     with pytest.raises(StoreError, match="invalid run_id"):
-        load_run(tmp_path / "wh", "../etc")
+        Warehouse(tmp_path / "wh").load_run("../etc")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from flows.usage_rules import (
+from analysis.usage_rules import (
     RULES,
     label_bash,
     label_tool_call,

@@ -408,10 +408,10 @@ def test_episode_turns_carry_their_requests_into_the_egress_view(
     ]
     assert by_turn[1] == (2, 1)
     # the external_resource label comes from the traffic where there was traffic
-    from flows.analysis import turn_labels, usage_call_rows
-    from flows.store import load_run
+    from analysis.metrics import turn_labels, usage_call_rows
+    from warehouse import Warehouse
 
-    data = load_run(tmp_path, "egress-run")
+    data = Warehouse(tmp_path).load_run("egress-run")
     caps = {r["turn_index"]: r["capabilities"] for r in turn_labels(data)}
     assert "external_resource" not in caps[0]
     assert "external_resource" in caps[3]  # python3 fetch.py: computation by its command alone

@@ -184,7 +184,7 @@ def test_secrets_never_in_records_or_logs(
     for blob in blobs:
         assert secret not in blob
     assert "retrying" in caplog.text  # the retry was logged (without the key)
-    assert read_journal(path)["episodes"][0].episode_id == result.record.episode_id
+    assert read_journal(path).finished[0].episode_id == result.record.episode_id
 
 
 def test_bad_task_input_is_a_clear_error(scripted_model: ScriptedModel) -> None:

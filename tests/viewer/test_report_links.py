@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from flows.report import ReportData, to_html, viewer_link, write_report
+from analysis.report import ReportData, to_html, viewer_link, write_report
 from tests.viewer.conftest import RUN_A, ViewerServer, shot
 
 
 def _report(root: Path, viewer_url: str | None) -> ReportData:
-    from flows.store import load_run
+    from warehouse import Warehouse
 
-    rd = ReportData.from_run(load_run(str(root), RUN_A), {"model": "m"})
+    rd = ReportData.from_run(Warehouse(root).load_run(RUN_A), {"model": "m"})
     rd.viewer_url = viewer_url
     return rd
 

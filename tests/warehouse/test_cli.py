@@ -141,7 +141,7 @@ def test_interactive_prompt(tmp_path: Path, monkeypatch) -> None:
     """The prompt `sandflow sql` opens on a terminal: multi-line SQL, errors, .views, .quit."""
     from rich.console import Console
 
-    from warehouse.cli import _interactive
+    from sandflow.commands.sql import _interactive
 
     wh = _wh(tmp_path)
     lines = iter(["SELECT count(*) AS n", "FROM episodes;", "SELECT nope;", ".views", ".quit"])

@@ -6,7 +6,7 @@ Prefect artifacts, the CLI tables and the tests all read the same figures.
 - accuracy: mean reward per domain x mode (infrastructure failures left out: they
   are not the model's answer; they are counted separately).
 - usage: the paper's capability rates: the share of a domain x mode's turns that
-  use each capability (flows/usage_rules.py decides). A turn may use several.
+  use each capability (analysis/usage_rules.py decides). A turn may use several.
 - tokens: prompt / completion tokens per episode and per domain x mode, and the
   sandbox-to-LLM ratio: mean tokens per episode in sandbox mode over LLM mode, per
   domain and overall, on the tasks that ran in both modes (paired, as the paper).
@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from statistics import mean, median
 from typing import Any
 
-from flows.rundata import RunData
-from flows.usage_rules import CAPABILITIES, label_tool_call, primary_label
+from analysis.usage_rules import CAPABILITIES, label_tool_call, primary_label
+from warehouse.rundata import RunData
 
 ALL = "(all)"
 

@@ -1,4 +1,4 @@
-"""`sandflow image ...` and `sandflow sandbox ...`."""
+"""`sandflow image ...` and `sandflow sandbox ...`: the commands of the sandbox/ library."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import time
 from typing import Any
 
 import typer
+
+from sandflow.errors import EXIT_FAILED, EXIT_USAGE, fail
 
 image_app = typer.Typer(
     help="Build and inspect the one shared sandbox image.", no_args_is_help=True
@@ -59,8 +61,7 @@ def image_build(
                 DEFAULT_SPEC, force=force, log=lambda m: console.print(f"[dim]{m}[/dim]")
             )
         except ImageBuildError as e:
-            console.print(f"[red]rootfs build failed:[/red] {e}")
-            raise typer.Exit(1) from None
+            raise fail(f"rootfs build failed: {e}", EXIT_FAILED) from None
         console.print(f"[green]rootfs ready:[/green] {path}")
         return
     try:
@@ -73,8 +74,7 @@ def image_build(
             log=lambda m: console.print(f"[dim]{m}[/dim]"),
         )
     except ImageBuildError as e:
-        console.print(f"[red]image build failed:[/red] {e}")
-        raise typer.Exit(1) from None
+        raise fail(f"image build failed: {e}", EXIT_FAILED) from None
     console.print(f"[green]{built}[/green] ({image_size_bytes(built) / 1e9:.2f} GB)")
 
 
@@ -252,8 +252,7 @@ def sandbox_exec(
             limits=SandboxLimits(network=network, memory_mb=memory_mb),
         )
     except ValueError as e:
-        console.print(f"[red]bad option:[/red] {e}")
-        raise typer.Exit(2) from None
+        raise fail(f"bad option: {e}", EXIT_USAGE) from None
     t0 = time.perf_counter()
     try:
         with open_sandbox(config) as sb:
@@ -282,8 +281,7 @@ def sandbox_exec(
                     )
                 )
     except SandboxError as e:
-        console.print(f"[red]sandbox error:[/red] {e}")
-        raise typer.Exit(1) from None
+        raise fail(f"sandbox error: {e}", EXIT_FAILED) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,6 @@
-"""`sandflow run` (one task, live view) and `sandflow serve` (the embedded model).
+"""`sandflow run` (one task, live view) and `sandflow serve` (the embedded model): the
+commands of the tasks/ library. `run` builds the same RunSpec as `sandflow flows run` and
+checks the endpoint with the same preflight (tasks.model.preflight).
 
 Heavy imports (openai, docker) happen inside the commands so `sandflow --help` stays fast.
 """
@@ -13,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
+
+from sandflow.errors import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_USAGE, fail
 
 
 class ModeChoice(StrEnum):
@@ -31,10 +35,9 @@ class NetworkChoice(StrEnum):
     host = "host"
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    """One clear sentence on stderr, no traceback."""
-    typer.secho(f"Error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code)
+def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    """One clear sentence on stderr, no traceback (sandflow/errors.py)."""
+    return fail(message, code, label="Error")
 
 
 def _read_inputs(input_dir: Path | None) -> dict[str, str | bytes]:
@@ -57,29 +60,16 @@ def _read_inputs(input_dir: Path | None) -> dict[str, str | bytes]:
 
 def _preflight(cfg: Any, model_given: bool) -> Any:
     """Reachable endpoint, served model name: checked before any sandbox starts."""
-    from tasks.model import ModelClient, ModelError
+    from tasks.model import EndpointUnreachable, ModelError, preflight
 
-    client = ModelClient(cfg)
     try:
-        served = client.served_models(timeout_s=min(15.0, cfg.request_timeout_s))
-    except ModelError:
+        return preflight(cfg, model_given=model_given)
+    except EndpointUnreachable as exc:
         raise _fail(
-            f"cannot reach the model server at {cfg.base_url} (is it running? check --base-url)"
+            f"cannot reach the model server at {exc.base_url} (is it running? check --base-url)"
         ) from None
-    finally:
-        client.close()
-    if not served:
-        return cfg  # the server has no /models route: the first call will tell
-    if not model_given:
-        if len(served) == 1 or cfg.model not in served:
-            return cfg.model_copy(update={"model": served[0]})
-        return cfg
-    if cfg.model not in served:
-        raise _fail(
-            f"the server at {cfg.base_url} does not serve model {cfg.model!r}; "
-            f"it serves: {', '.join(served[:10])}"
-        )
-    return cfg
+    except ModelError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _with_warehouse(journal: Any, root: Path | None, run_id: str, cfg: Any) -> tuple[Any, Any]:
@@ -263,13 +253,12 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from datasets_prep.task import TaskValidationError, make_task
-        from sandbox.base import SandboxConfig, SandboxLimits
         from sandflow.config import load_settings
         from tasks.journal import JournalRecorder
         from tasks.local_model import LocalModelError, endpoint
-        from tasks.loop import Limits, run_episode
-        from tasks.model import ModelConfig
+        from tasks.loop import run_episode
         from tasks.prompts import load_prompts
+        from tasks.spec import RunSpec
 
         if not query.strip():
             raise _fail("--query is empty: say what the model should do")
@@ -293,21 +282,17 @@ def register(app: typer.Typer) -> None:
                 backend=backend.value if backend else None,
                 network=network.value if network else None, image=image,
             )
-            model_cfg = ModelConfig(
-                model=settings.model or "default", base_url=settings.base_url,
-                api_key=settings.api_key, temperature=settings.temperature,
-                max_tokens=settings.max_tokens, request_timeout_s=settings.request_timeout_s,
-                logprobs=logprobs, return_token_ids=logprobs, extra_body=extra,
+            spec = RunSpec(
+                task_set="adhoc", mode=mode.value, model=settings.model, base_url=settings.base_url,
+                temperature=settings.temperature, max_tokens=settings.max_tokens,
+                request_timeout_s=settings.request_timeout_s, logprobs=logprobs,
+                return_token_ids=logprobs, extra_body=extra, max_steps=max_steps,
+                context_tokens=context_tokens, wall_clock_s=wall_clock, exec_timeout_s=exec_timeout,
+                prompt_dir=str(prompt_dir) if prompt_dir else None, backend=settings.backend,
+                image=settings.image, network=settings.network,
+                warehouse=str(warehouse) if warehouse else None,
             )
-            limits = Limits(
-                max_steps=max_steps, context_tokens=context_tokens, wall_clock_s=wall_clock,
-                exec_timeout_s=exec_timeout,
-            )
-            sandbox_cfg = SandboxConfig(
-                backend=settings.backend,
-                image=settings.image,
-                limits=SandboxLimits(network=settings.network),
-            )
+            model_cfg, limits, sandbox_cfg = spec.to_model_config(), spec.to_limits(), spec.to_sandbox_config()
         except ValidationError as exc:
             err = exc.errors()[0]
             raise _fail(f"invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
@@ -339,14 +324,14 @@ def register(app: typer.Typer) -> None:
                     result = run_episode(
                         task, cfg, sandbox_cfg, recorder, mode=mode.value, run_id=f"run-{stamp}",
                         limits=limits, output_dir=files_dir if mode == ModeChoice.sandbox else None,
-                        on_event=view, prompt_dir=str(prompt_dir) if prompt_dir else None,
+                        on_event=view, prompt_dir=spec.prompt_dir,
                     )
                     finish_wh(result.record)
         except LocalModelError as exc:
             raise _fail(f"{exc} (or pass --base-url to use a running server)") from None
         except KeyboardInterrupt:
             view._spin(None)
-            raise _fail("interrupted; partial records are in " + str(run_dir), 130) from None
+            raise _fail("interrupted; partial records are in " + str(run_dir), EXIT_INTERRUPTED) from None
 
         (run_dir / "trajectory.json").write_text(
             json.dumps(trajectory_dict(result, query), indent=2, ensure_ascii=False, default=str), encoding="utf-8"
@@ -366,7 +351,7 @@ def register(app: typer.Typer) -> None:
             typer.secho(f"{rec.termination}: {rec.error}", err=True, fg=typer.colors.YELLOW)
         typer.echo(summary)
         if rec.is_infra_failure:
-            raise typer.Exit(3)
+            raise typer.Exit(EXIT_INFRA)
 
     @app.command("serve", rich_help_panel="Episodes")
     def serve(
@@ -392,8 +377,7 @@ def register(app: typer.Typer) -> None:
         try:
             while server.proc is not None and server.proc.poll() is None:
                 time.sleep(0.5)
-            typer.secho(f"the server exited: {server.log_tail()}", err=True, fg=typer.colors.RED)
-            raise typer.Exit(1)
+            raise _fail(f"the server exited: {server.log_tail()}", EXIT_FAILED)
         except KeyboardInterrupt:
             pass
         finally:

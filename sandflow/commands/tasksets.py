@@ -1,4 +1,4 @@
-"""CLI commands of datasets_prep/ (registered on the main `sandflow` app):
+"""`sandflow tasks ...`: the commands of the datasets_prep/ library (task sets, verifiers):
 
     sandflow tasks suites                       the built-in suites
     sandflow tasks prepare SOURCE --out F       a suite, hf:NAME, or a local file -> a task set
@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
+
+from sandflow.errors import EXIT_USAGE, console, fail
 
 tasks_app = typer.Typer(
     name="tasks",
@@ -30,16 +32,11 @@ tasks_app = typer.Typer(
 
 
 def _console() -> Any:
-    from rich.console import Console
-
-    return Console()
+    return console()
 
 
 def _fail(msg: str) -> None:
-    from rich.markup import escape
-
-    _console().print(f"[bold red]error:[/] {escape(msg)}")
-    raise typer.Exit(2)
+    raise fail(msg, EXIT_USAGE, stdout=True)
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
@@ -228,12 +225,14 @@ def score_cmd(
     """Check one answer against one task and print the score and reason."""
     from datasets_prep.io import read_taskset
     from datasets_prep.verifiers import choose, score
+    from sandflow.config import load_settings
 
     try:
         ts = read_taskset(file)
         task = ts.by_id(task_id)
         text = Path(answer[1:]).read_text(encoding="utf-8") if answer.startswith("@") else answer
-        r = score(task, text, verifier)
+        judge = load_settings().judge_endpoint() if verifier == "judge" else None
+        r = score(task, text, verifier, judge=judge)
     except KeyError as e:
         _fail(str(e.args[0]))
         return

@@ -1,15 +1,16 @@
 """One run's records in memory: episodes, their turns, and their scores.
 
-The analysis flows (usage, tokens, rollouts, report) work on these contract types
-(tasks.records) rather than on SQL rows, so their logic is testable without a
-warehouse and does not care how the warehouse lays out its files. `load_run`
-(flows/store.py) fills a RunData from the warehouse.
+What the warehouse hands back for one run (`Warehouse.load_run`). analysis/ (usage,
+tokens, rollouts, report) works on these contract types (tasks.records) rather than on
+SQL rows, so its logic is testable without a warehouse and does not care how the
+warehouse lays out its files.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from tasks.records import EpisodeRecord, TurnRecord
 
@@ -58,3 +59,20 @@ class RunData:
     def finished(self) -> list[EpisodeRecord]:
         """Episodes that ended with the model's own result (infrastructure failures left out)."""
         return [e for e in self.episodes if e.termination and not e.is_infra_failure]
+
+
+def latest_scores(rows: list[dict[str, Any]], verifier: str | None = None) -> dict[str, Score]:
+    """episode_id -> Score from the latest batch (of `verifier`, when given)."""
+    out: dict[str, tuple[str, Score]] = {}
+    for r in rows:
+        if verifier and r["verifier"] != verifier and not str(r["verifier"]).startswith(verifier + ":"):
+            continue
+        if r["score"] is None:
+            continue
+        key = r["episode_id"]
+        if key not in out or str(r["batch_id"]) > out[key][0]:
+            out[key] = (
+                str(r["batch_id"]),
+                Score(key, float(r["score"]), str(r["verifier"]), r["passed"], r["reason"]),
+            )
+    return {k: v for k, (_b, v) in out.items()}

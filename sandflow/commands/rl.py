@@ -67,25 +67,27 @@ def serve(
     trajectories stream back as NDJSON as each episode ends (docs/rl.md)."""
     from rl.server import ServerConfig
     from rl.server import serve as run_server
-    from sandbox.base import SandboxConfig, SandboxLimits
     from sandflow.config import load_settings
-    from tasks.loop import Limits
+    from sandflow.errors import EXIT_USAGE, fail
+    from tasks.spec import RunSpec
 
     settings = load_settings(warehouse=warehouse, backend=backend)
     if settings.backend not in ("docker", "bwrap"):
-        typer.secho(
-            f"Error: --backend {settings.backend!r}: use docker or bwrap", err=True, fg="red"
-        )
-        raise typer.Exit(2)
+        raise fail(f"--backend {settings.backend!r}: use docker or bwrap", EXIT_USAGE, label="Error")
+    # The episodes' sandbox and limits, built the one way every command builds them.
+    spec = RunSpec(
+        backend=settings.backend,
+        image=settings.image,
+        network=settings.network,
+        max_steps=max_steps,
+        wall_clock_s=wall_clock,
+        exec_timeout_s=exec_timeout,
+    )
     cfg = ServerConfig(
         warehouse=None if no_record else Path(settings.warehouse),
         max_concurrency=max_concurrency,
-        sandbox=SandboxConfig(
-            backend=settings.backend,
-            image=settings.image,
-            limits=SandboxLimits(network=settings.network),
-        ),
-        limits=Limits(max_steps=max_steps, wall_clock_s=wall_clock, exec_timeout_s=exec_timeout),
+        sandbox=spec.to_sandbox_config(),
+        limits=spec.to_limits(),
         compact=not no_compact,
     )
     where = "nothing (--no-record)" if cfg.warehouse is None else str(cfg.warehouse)

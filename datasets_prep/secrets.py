@@ -1,4 +1,7 @@
-"""Keep API keys out of everything the warehouse writes.
+"""Keep API keys out of everything the warehouse writes, and out of tasks.
+
+In the lowest layer (datasets_prep/) because both task validation and the warehouse
+use this one definition of "secret".
 
 Settings already excludes its SecretStr fields from dumps; this is the second line of
 defence for hand-built config dicts: keys whose *name* says secret are dropped, and the

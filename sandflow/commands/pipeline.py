@@ -1,4 +1,6 @@
-"""`sandflow bench` (the main job) and `sandflow flows ...` (each pipeline step on its own).
+"""`sandflow bench` (the main job) and `sandflow flows ...` (each pipeline step on its own):
+the commands of the flows/ library. Each command resolves the settings into values (a
+RunSpec for a run, a warehouse root, a judge endpoint) and hands them to one flow.
 
 Everything runs in Prefect's ephemeral mode unless PREFECT_API_URL names a server:
 no server to start, the same flows show up in a real server's UI when one is set.
@@ -18,6 +20,8 @@ from typing import Any
 
 import typer
 
+from sandflow.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REGRESSION, console, fail
+
 flows_app = typer.Typer(
     help=(
         "Run the pipeline's steps one by one: prepare -> run -> score -> usage -> tokens -> "
@@ -32,7 +36,7 @@ flows_app = typer.Typer(
 # ----------------------------------------------------------------------- shared options
 _WAREHOUSE = typer.Option(
     None, "--warehouse", "-w", help="Warehouse root (default: SANDFLOW_WAREHOUSE or ./warehouse_data)."
-)
+)  # the text names the default; the value is warehouse.DEFAULT_ROOT, via Settings
 _RUN_ID = typer.Option(..., "--run-id", "-r", help="The run to work on (printed by `run` and `bench`).")
 
 
@@ -90,14 +94,12 @@ def _isolate_from_terminal_signals() -> None:
 
 
 def _console() -> Any:
-    from rich.console import Console
-
-    return Console()
+    return console()
 
 
 def _fail(msg: str) -> None:
-    _console().print(f"[bold red]error:[/] {msg}")
-    raise typer.Exit(1)
+    """A pipeline step could not run: exit 1 (sandflow/errors.py)."""
+    raise fail(msg, EXIT_FAILED)
 
 
 def _table(rows: list[dict[str, Any]], title: str) -> Any:
@@ -123,23 +125,29 @@ def _cell(v: Any) -> str:
 
 
 _USER_ERRORS: tuple[type[BaseException], ...] = ()
-REGRESSION_EXIT = 3  # `bench --fail-on-regression` found a significant drop (1: an error)
+REGRESSION_EXIT = EXIT_REGRESSION  # `bench --fail-on-regression` found a significant drop (1: an error)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the user's input or environment: one sentence, no traceback."""
+    from analysis.rollouts import RolloutError
     from datasets_prep.io import TaskSetIOError
+    from datasets_prep.loaders import SourceError
+    from datasets_prep.sources import SourceMissing
+    from datasets_prep.suites import UnknownSuite
     from datasets_prep.task import TaskValidationError
-    from flows.rollouts import RolloutError
+    from datasets_prep.verifiers import VerifierError
     from flows.run import RunConfigError
     from flows.score import ScoreError
-    from flows.store import StoreError
-    from flows.tasksets import TaskSetError
+    from warehouse import WarehouseError
 
     errs: list[type[BaseException]] = [
         RunConfigError,
-        StoreError,
-        TaskSetError,
+        WarehouseError,
+        SourceError,
+        SourceMissing,
+        UnknownSuite,
+        VerifierError,
         RolloutError,
         ScoreError,
         TaskSetIOError,
@@ -178,7 +186,7 @@ def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
             "[yellow]interrupted.[/] Finished episodes are in the warehouse; re-run with the same "
             "--run-id to resume."
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -260,7 +268,9 @@ def _check_run_free(warehouse: str, run_id: str | None, wait: bool) -> None:
 
 
 def _sql_hints(run_id: str, warehouse: str) -> list[str]:
-    w = "" if warehouse in ("warehouse_data", str(Path("warehouse_data"))) else f" --warehouse {warehouse}"
+    from warehouse import DEFAULT_ROOT
+
+    w = "" if warehouse in (DEFAULT_ROOT, str(Path(DEFAULT_ROOT))) else f" --warehouse {warehouse}"
     return [
         f"sandflow sql{w} \"SELECT domain, mode, episodes, accuracy, avg_turns, avg_tokens FROM accuracy WHERE run_id = '{run_id}'\"",
         f"sandflow sql{w} \"SELECT domain, mode, capability, rate FROM capability_usage WHERE run_id = '{run_id}' ORDER BY rate DESC\"",
@@ -329,7 +339,7 @@ def bench(
     _isolate_from_terminal_signals()
     _quiet_prefect(verbose)
     s = _settings(model=model, base_url=base_url, warehouse=warehouse)
-    from flows.progress import RichEpisodeProgress
+    from sandflow.commands.progress import RichEpisodeProgress
 
     console = _console()
     if task_runner not in ("thread", "dask"):
@@ -352,36 +362,41 @@ def bench(
     )
     _check_run_free(str(s.warehouse), run_id, wait)
     from analysis.nightly_report import RegressionFound
-    from flows.nightly import nightly_flow
+    from flows.nightly import benchmark_flow
+    from tasks.spec import RunSpec
 
+    spec = RunSpec(
+        task_set=source,
+        model=s.model,
+        base_url=s.base_url,
+        mode=mode,
+        samples=samples,
+        concurrency=concurrency,
+        max_sandboxes=max_sandboxes,
+        max_model_calls=max_model_calls,
+        max_steps=max_steps,
+        temperature=s.temperature,
+        max_tokens=max_tokens,
+        wall_clock_s=wall_clock_s,
+        warehouse=str(s.warehouse),
+        run_id=run_id,
+        network=s.network,
+        series=series,
+        wait_for_lock=wait,
+    )
     regression: RegressionFound | None = None
     with RichEpisodeProgress("episodes", console=console):
         try:
             result = _guard(
-                _with_prefect_api(task_runner, dask_address, nightly_flow),
-                source=source,
-                model=s.model,
-                base_url=s.base_url,
-                mode=mode,
-                samples=samples,
-                concurrency=concurrency,
-                max_sandboxes=max_sandboxes,
-                max_model_calls=max_model_calls,
-                max_steps=max_steps,
-                temperature=s.temperature,
-                max_tokens=max_tokens,
-                wall_clock_s=wall_clock_s,
-                warehouse=str(s.warehouse),
-                run_id=run_id,
+                _with_prefect_api(task_runner, dask_address, benchmark_flow),
+                spec=spec,
                 task_runner=task_runner,
                 dask_address=dask_address,
-                network=s.network,
                 verifier=verifier,
+                judge=s.judge_endpoint() if verifier == "judge" else None,
                 rollouts=rollouts,
-                series=series,
                 fail_on_regression=fail_on_regression,
                 alpha=alpha,
-                wait_for_lock=wait,
             )
         except RegressionFound as exc:  # the report is written; say so, then exit non-zero
             regression, result = exc, exc.summary
@@ -408,7 +423,7 @@ def _print_bench(result: dict[str, Any], warehouse: str) -> None:
     console = _console()
     run = result["run"]
     rid = run["run_id"]
-    from flows import analysis
+    from analysis import metrics
 
     console.print(
         f"\n[bold green]run {rid}[/]: {run['succeeded']} episodes recorded, {run['failed']} failed, "
@@ -418,14 +433,14 @@ def _print_bench(result: dict[str, Any], warehouse: str) -> None:
     for f in run.get("failures", [])[:5]:
         console.print(f"  [red]failed[/] {f}")
     # Accuracy is read back from the report's data so the terminal shows the same numbers.
-    from flows.report import ReportData
-    from flows.store import load_run
+    from analysis.report import ReportData
+    from warehouse import Warehouse
 
-    data = load_run(warehouse, rid)
+    data = Warehouse(warehouse).load_run(rid)
     rd = ReportData.from_run(data)
     console.print(_table(rd.accuracy, "Accuracy (%) by domain x mode"))
-    console.print(_table([r for r in rd.usage if r["domain"] == analysis.ALL], "Capability usage (% of sandbox turns)"))
-    ratio = rd.ratio.get(analysis.ALL)
+    console.print(_table([r for r in rd.usage if r["domain"] == metrics.ALL], "Capability usage (% of sandbox turns)"))
+    ratio = rd.ratio.get(metrics.ALL)
     if ratio is not None:
         console.print(f"sandbox/LLM tokens per task: [bold]{ratio:.2f}x[/]")
     if "rollouts" in result:
@@ -445,6 +460,12 @@ def cmd_prepare(
     out: str = typer.Option(None, "--out", "-o", help="Task-set file to write (default: <warehouse>/tasksets/)."),
     limit: int = typer.Option(None, "--limit", help="At most this many tasks."),
     seed: int = typer.Option(None, "--seed", help="Seed for sources that sample."),
+    mapping: str = typer.Option(
+        None,
+        "--mapping",
+        help="Treat SOURCE as a (context, question, answer[, choices]) table: role=column,... "
+        "(as `sandflow tasks prepare --mapping`).",
+    ),
     warehouse: str = _WAREHOUSE,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
@@ -453,7 +474,9 @@ def cmd_prepare(
     from flows.prepare import prepare_flow
 
     s = _settings(warehouse=warehouse)
-    r = _guard(prepare_flow, source=source, warehouse=str(s.warehouse), out=out, limit=limit, seed=seed)
+    r = _guard(
+        prepare_flow, source=source, warehouse=str(s.warehouse), out=out, limit=limit, seed=seed, mapping=mapping
+    )
     _console().print(f"[green]{r['tasks']} tasks[/] -> {r['task_set']} (hash {r['hash'][:12]})")
 
 
@@ -489,37 +512,41 @@ def cmd_run(
     """
     _isolate_from_terminal_signals()
     _quiet_prefect(verbose)
-    from flows.progress import RichEpisodeProgress
     from flows.run import run_flow
+    from sandflow.commands.progress import RichEpisodeProgress
+    from tasks.spec import RunSpec
 
     s = _settings(model=model, base_url=base_url, warehouse=warehouse)
     _check_run_free(str(s.warehouse), run_id, wait)
+    spec = RunSpec(
+        task_set=task_set,
+        model=s.model,
+        base_url=s.base_url,
+        mode=mode,
+        samples=samples,
+        concurrency=concurrency,
+        max_sandboxes=max_sandboxes,
+        max_model_calls=max_model_calls,
+        max_steps=max_steps,
+        temperature=s.temperature,
+        max_tokens=s.max_tokens,
+        wall_clock_s=wall_clock_s,
+        warehouse=str(s.warehouse),
+        run_id=run_id,
+        network=s.network,
+        backend=s.backend,
+        image=s.image,
+        retries=retries,
+        logprobs=logprobs,
+        return_token_ids=token_ids,
+        compact=compact,
+        wait_for_lock=wait,
+    )
     runner = _runner(task_runner, concurrency, dask_address)
     with RichEpisodeProgress("episodes", console=_console()):
         r = _guard(
             _with_prefect_api(task_runner, dask_address, run_flow.with_options(task_runner=runner)),
-            task_set=task_set,
-            model=s.model,
-            base_url=s.base_url,
-            mode=mode,
-            samples=samples,
-            concurrency=concurrency,
-            max_sandboxes=max_sandboxes,
-            max_model_calls=max_model_calls,
-            max_steps=max_steps,
-            temperature=s.temperature,
-            max_tokens=s.max_tokens,
-            wall_clock_s=wall_clock_s,
-            warehouse=str(s.warehouse),
-            run_id=run_id,
-            network=s.network,
-            backend=s.backend,
-            image=s.image,
-            retries=retries,
-            logprobs=logprobs,
-            return_token_ids=token_ids,
-            compact=compact,
-            wait_for_lock=wait,
+            spec=spec,
         )
     c = _console()
     c.print(
@@ -547,7 +574,14 @@ def cmd_score(
     from flows.score import score_flow
 
     s = _settings(warehouse=warehouse)
-    r = _guard(score_flow, run_id=run_id, warehouse=str(s.warehouse), task_set=task_set, verifier=verifier)
+    r = _guard(
+        score_flow,
+        run_id=run_id,
+        warehouse=str(s.warehouse),
+        task_set=task_set,
+        verifier=verifier,
+        judge=s.judge_endpoint() if verifier == "judge" else None,
+    )
     mean = "—" if r["mean_score"] is None else f"{r['mean_score']:.3f}"
     _console().print(f"scored {r['scored']} episodes of {run_id} ({r['verifier']}): mean {mean}")
     for p in r["problems"]:
@@ -563,7 +597,7 @@ def cmd_usage(
 ) -> None:
     """Label each turn computation / file management / external resource / none; print rates."""
     if rules:
-        from flows.usage_rules import rules_table
+        from analysis.usage_rules import rules_table
 
         _console().print(_table(rules_table(), "Usage rules (first match wins per simple command)"))
         return
@@ -601,7 +635,7 @@ def cmd_rollouts(
 ) -> None:
     """Export RL data: verl task rows, chat trajectories with advantages, token rows."""
     _quiet_prefect(verbose)
-    from flows.export import rollouts_flow
+    from flows.rollouts import rollouts_flow
 
     s = _settings(warehouse=warehouse)
     r = _guard(
@@ -630,7 +664,7 @@ def cmd_report(
 ) -> None:  # fmt: skip
     """Write report.html (self-contained, plots inline) and report.md; publish artifacts."""
     _quiet_prefect(verbose)
-    from flows.report_flow import report_flow
+    from flows.report import report_flow
 
     s = _settings(warehouse=warehouse)
     r = _guard(

@@ -1,4 +1,4 @@
-"""CLI commands of warehouse/: `sandflow sql` and `sandflow warehouse ...`.
+"""`sandflow sql` and `sandflow warehouse ...`: the commands of the warehouse/ library.
 
 Heavy imports (duckdb, pyarrow) happen inside the command bodies so `sandflow --help`
 stays fast.
@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+
+from sandflow.errors import EXIT_FAILED, EXIT_USAGE, err_console, fail
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -46,17 +48,16 @@ joins with other files).
 
 
 def _resolve_root(warehouse: Path | None) -> Path:
+    """The flag, else Settings.warehouse (SANDFLOW_WAREHOUSE, sandflow.toml, ./warehouse_data)."""
     if warehouse is not None:
         return warehouse
-    from warehouse.store import default_root
+    from sandflow.config import settings_warehouse
 
-    return default_root()
+    return settings_warehouse()
 
 
 def _err_console() -> Console:
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
+    return err_console()
 
 
 def _open(
@@ -68,8 +69,7 @@ def _open(
     try:
         q = WarehouseQuery(root, run_id=run, quarantine=quarantine, host_files=host_files)
     except (WarehouseError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        raise fail(str(exc), EXIT_FAILED) from None
     _warn_bad(q, quarantine, already=set())
     for p in q.snapshot.journal_problems[:5]:
         err.print(f"[yellow]journal:[/yellow] {p}")
@@ -277,16 +277,11 @@ def register(app: typer.Typer) -> None:
 
         err = _err_console()
         if fmt not in FORMATS:
-            err.print(
-                f"[red]error:[/red] --format must be one of {', '.join(FORMATS)}, not {fmt!r}"
-            )
-            raise typer.Exit(2)
+            raise fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}", EXIT_USAGE)
         if fmt == "parquet" and output is None:
-            err.print("[red]error:[/red] --format parquet needs --output FILE")
-            raise typer.Exit(2)
+            raise fail("--format parquet needs --output FILE", EXIT_USAGE)
         if fmt == "table" and output is not None:
-            err.print("[red]error:[/red] --output needs --format csv, json or parquet")
-            raise typer.Exit(2)
+            raise fail("--output needs --format csv, json or parquet", EXIT_USAGE)
         root = _resolve_root(warehouse)
         console = Console(highlight=False)
         with _open(root, run, quarantine, allow_host_files) as q:
@@ -305,8 +300,7 @@ def register(app: typer.Typer) -> None:
                         err.print(f"wrote {n} rows to {output} ({fmt})")
             except WarehouseQueryError as exc:
                 _warn_bad(q, quarantine, seen)
-                err.print(f"[red]error:[/red] {exc}")
-                raise typer.Exit(1) from None
+                raise fail(str(exc), EXIT_FAILED) from None
             _warn_bad(q, quarantine, seen)
 
     wh_app = typer.Typer(
@@ -335,8 +329,7 @@ def register(app: typer.Typer) -> None:
             with Console(stderr=True).status(f"compacting {run} ..."):
                 res = wh.compact(run)
         except ValueError as exc:
-            _err_console().print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(1) from None
+            raise fail(str(exc), EXIT_FAILED) from None
         console = Console(highlight=False)
         if not res.changed:
             console.print(f"{run}: nothing to compact")
@@ -363,8 +356,7 @@ def register(app: typer.Typer) -> None:
         from warehouse.store import Warehouse
 
         if recover and discard:
-            _err_console().print("[red]error:[/red] choose one of --recover / --discard")
-            raise typer.Exit(2)
+            raise fail("choose one of --recover / --discard", EXIT_USAGE)
         wh = Warehouse(_resolve_root(warehouse))
         found = wh.orphans(run)
         console = Console(highlight=False)
@@ -419,4 +411,4 @@ def register(app: typer.Typer) -> None:
             depth = "headers and footers" if quick else "every page read"
             Console(highlight=False).print(f"{n - len(corrupt)} good file(s), {bad} bad ({depth})")
             if bad:
-                raise typer.Exit(1)
+                raise typer.Exit(EXIT_FAILED)

@@ -1,0 +1,1 @@
+"""Every `sandflow` command, one module per command group (see sandflow/cli.py)."""

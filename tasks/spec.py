@@ -1,0 +1,112 @@
+"""RunSpec: ONE description of a run, built once by the command, carried by every flow and episode.
+
+A run is a task set x a model x a mode x samples, recorded in a warehouse, within limits.
+The command (`sandflow run`, `sandflow bench`, `sandflow flows run`, a deployment) resolves
+flags, SANDFLOW_* settings and defaults into one RunSpec; the run flow, each episode task
+(also in a Dask worker) and the agent loop read it. The configs the loop takes are derived
+here and only here: `to_model_config()`, `to_limits()`, `to_sandbox_config()`.
+
+Adding a run parameter: a field here, and the line that uses it (plus a CLI flag or a
+deployment parameter if users should set it).
+
+It lives in tasks/ because that is the lowest layer that uses every part of it (model,
+limits, sandbox, prompts); flows/ and rl/ carry it. It never holds a secret: it is a
+Prefect parameter, and Prefect stores parameters. The API key is looked up by
+`to_model_config()` in the process that calls the model (tasks.model.api_key_from_env).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox.base import SandboxConfig, SandboxLimits
+from tasks.loop import Limits
+from tasks.model import ModelConfig, api_key_from_env
+
+# request_timeout_s when none is given. The embedded server stops a generation when its
+# client leaves and bounds each call's tokens (tasks/local_model_app.py): a timed-out call
+# frees it at once, so its retry no longer queues behind abandoned work and needs no longer wait.
+DEFAULT_REQUEST_TIMEOUT_S = 120.0
+
+
+class RunSpec(BaseModel):
+    """What a run is. Every field is a plain value (JSON-safe: Prefect stores it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # what to run
+    task_set: str = Field("smoke", description="task-set file, built-in suite, hf:NAME or table")
+    mode: str = Field("both", description="sandbox | llm | both")
+    samples: int = Field(1, description="samples per task and mode")
+    run_id: str | None = Field(None, description="resume this run; None: a new id")
+    # the model (any OpenAI-compatible endpoint; no base_url: the embedded model)
+    model: str | None = None
+    base_url: str | None = None
+    temperature: float = 0.7
+    max_tokens: int = 2048
+    request_timeout_s: float | None = Field(None, description="None: 120 s")
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    logprobs: bool = False
+    return_token_ids: bool = False
+    # each episode's limits
+    max_steps: int = 30
+    wall_clock_s: float = 900.0
+    exec_timeout_s: float | None = None
+    context_tokens: int | None = None
+    prompt_dir: str | None = None
+    # the sandbox
+    backend: str = "docker"
+    image: str | None = None
+    network: str = "none"
+    sandbox_reuse: str = Field("fresh", description="fresh sandbox per episode, or 'pool' (reset and reused)")
+    # the run: where it is recorded, how wide it fans out, how it recovers
+    warehouse: str | None = Field(None, description="None: episodes are not recorded there")
+    concurrency: int = 4
+    max_sandboxes: int | None = Field(None, description="live sandboxes; None: concurrency")
+    max_model_calls: int | None = Field(None, description="concurrent model calls; None: no bound")
+    retries: int = Field(2, description="retries of an episode after an infrastructure failure")
+    durability: str = "turn"
+    compact: bool = Field(True, description="merge the run's files at its end")
+    wait_for_lock: bool | float = Field(
+        False, description="another process runs this run id: wait (True, or seconds) instead of refusing"
+    )
+    series: str | None = Field(
+        None, description="the series this run continues (its report compares with the previous run)"
+    )
+
+    def to_model_config(self, *, with_key: bool = True) -> ModelConfig:
+        """The agent loop's ModelConfig; the API key from this process's environment."""
+        return ModelConfig(
+            model=self.model or "default",
+            base_url=self.base_url,
+            api_key=api_key_from_env() if with_key else None,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            request_timeout_s=self.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S,
+            extra_body=dict(self.extra_body),
+            logprobs=self.logprobs,
+            return_token_ids=self.return_token_ids,
+        )
+
+    def to_limits(self) -> Limits:
+        return Limits(
+            max_steps=self.max_steps,
+            wall_clock_s=self.wall_clock_s,
+            exec_timeout_s=self.exec_timeout_s,
+            context_tokens=self.context_tokens,
+        )
+
+    def to_sandbox_config(self, run_id: str | None = None) -> SandboxConfig:
+        return SandboxConfig(
+            backend=self.backend,
+            image=self.image,
+            run_id=run_id or self.run_id or "adhoc",
+            limits=SandboxLimits(network=self.network),
+            reuse=self.sandbox_reuse,  # pydantic checks "pool" / "fresh"
+        )
+
+    def public_dict(self) -> dict[str, Any]:
+        """What the warehouse records about the run (no secret is ever in a RunSpec)."""
+        return self.model_dump(mode="json")

@@ -1,0 +1,29 @@
+"""The architecture is a test that can fail: the import-linter contracts hold, and every
+top-level package is under them (a new package is declared in pyproject.toml or this fails)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NOT_PACKAGES = {"tests", "benchmarks", "scripts", "docs"}  # not shipped, not layered
+
+
+def test_every_package_is_under_the_contracts() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    packages = {
+        p.parent.name for p in REPO.glob("*/__init__.py") if p.parent.name not in NOT_PACKAGES
+    }
+    assert packages == set(config["root_packages"]), (
+        "declare new top-level packages in [tool.importlinter] root_packages and give them a layer"
+    )
+
+
+def test_import_contracts_hold() -> None:
+    lint = Path(sys.executable).parent / "lint-imports"
+    r = subprocess.run([str(lint)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout
