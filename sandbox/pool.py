@@ -30,6 +30,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -157,7 +158,8 @@ class SandboxPool:
             s.create_concurrency, thread_name_prefix="sandflow-pool-create"
         )
         self._resetters = ThreadPoolExecutor(2, thread_name_prefix="sandflow-pool-reset")
-        registry.add_cleanup(self.close)
+        _ALIVE.add(self)
+        registry.add_cleanup(_close_alive)  # once: exit, SIGINT, SIGTERM drain every pool
 
     # ------------------------------------------------------------------ public
     @property
@@ -224,6 +226,7 @@ class SandboxPool:
             self._destroy(slot)
         self._creators.shutdown(wait=False, cancel_futures=True)
         self._resetters.shutdown(wait=False, cancel_futures=True)
+        _ALIVE.discard(self)
         with self._lock:  # resets cancelled or under way: theirs too (leased: at release)
             rest = [slot for slot in self._slots if not slot.leased]
         for slot in rest:
@@ -483,6 +486,14 @@ class PooledSandbox:
 # ---------------------------------------------------------------------- pools of this process
 
 _POOLS: dict[tuple[Any, ...], SandboxPool] = {}
+_ALIVE: weakref.WeakSet[SandboxPool] = weakref.WeakSet()  # every open pool, pool_for's or not
+
+
+def _close_alive() -> None:
+    for pool in list(_ALIVE):
+        pool.close()
+
+
 _POOLS_LOCK = threading.Lock()
 
 
