@@ -363,6 +363,7 @@ class SandboxPool:
         """An episode is over: reset in the background, then offer (or destroy + replace)."""
         slot.episodes += 1
         slot.leased = False
+        slot.box.config = self.template  # no longer the episode's (the registry shows it)
         if self._stop.is_set() or slot.box.closed:
             self._destroy(slot)
             return

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError
 from pydantic_settings import (
@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     backend: str = "docker"
     image: str | None = None
     network: str = "none"
+    # "pool": warm sandboxes reset between episodes; "fresh": one per episode. None: the
+    # command's default (runs: fresh; `rl serve`: pool). docs/sandbox.md, "Warm pool".
+    sandbox_reuse: Literal["pool", "fresh"] | None = None
 
     # Warehouse
     warehouse: Path = Path(DEFAULT_ROOT)

@@ -381,6 +381,7 @@ def bench(
         warehouse=str(s.warehouse),
         run_id=run_id,
         network=s.network,
+        sandbox_reuse=s.sandbox_reuse or "fresh",
         series=series,
         wait_for_lock=wait,
     )
@@ -534,6 +535,7 @@ def cmd_run(
         warehouse=str(s.warehouse),
         run_id=run_id,
         network=s.network,
+        sandbox_reuse=s.sandbox_reuse or "fresh",
         backend=s.backend,
         image=s.image,
         retries=retries,

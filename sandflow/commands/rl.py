@@ -79,6 +79,9 @@ def serve(
         backend=settings.backend,
         image=settings.image,
         network=settings.network,
+        # RL runs hundreds of short episodes against a local policy: warm sandboxes
+        # (reset between episodes) unless SANDFLOW_SANDBOX_REUSE=fresh
+        sandbox_reuse=settings.sandbox_reuse or "pool",
         max_steps=max_steps,
         wall_clock_s=wall_clock,
         exec_timeout_s=exec_timeout,
