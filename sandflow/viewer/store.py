@@ -35,8 +35,8 @@ from typing import Any
 
 import duckdb
 
+from datasets_prep import secrets as wsecrets
 from sandflow.viewer.readonly import check_read_only, lock_down
-from warehouse import secrets as wsecrets
 from warehouse.query import WarehouseQuery, WarehouseQueryError, projected_source
 from warehouse.schema import TABLES
 
