@@ -109,6 +109,8 @@ def pool(make_config: Callable[..., SandboxConfig]) -> Iterator[Callable[..., Sa
     yield make
     for p in made:
         p.close()
+        for slot in list(p._slots):  # a failed test's leases: never leak them
+            slot.box.kill()
 
 
 def _observe(sb: Sandbox) -> dict[str, str]:
@@ -383,3 +385,23 @@ def test_a_lease_without_wall_clock_is_not_cut_by_the_previous_one(
     r = second.exec("sleep 8; echo done", timeout=30)
     assert r.stdout == "done\n" and not r.timed_out  # the helper's lifetime was disarmed
     second.close()
+
+
+def test_reset_outruns_a_forking_background_loop(
+    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig]
+) -> None:
+    """Processes that keep forking while the reset kills: kill(-1) takes them all at once."""
+    p = pool()
+    sb = p.acquire(make_config("forker"))
+    name = sb.name
+    sb.exec(
+        "bash -c 'while :; do (sleep 0.05 &); sleep 0.01; done' >/dev/null 2>&1 & disown; sleep 0.3"
+    )
+    assert sb.exec("ps -eo args --no-headers | grep -c '[w]hile :'").stdout.strip() != "0"
+    sb.close()
+    _wait_idle(p)
+    again = p.acquire(make_config("after-forker"))
+    assert again.name == name, f"reset failed: {p.stats}"
+    r = again.exec("ps -eo args --no-headers | grep -c -e '[w]hile :' -e '[s]leep 0.05'")
+    assert r.stdout.strip() == "0"
+    again.close()
