@@ -1,6 +1,6 @@
 """Group advantages as soon as a task's samples are all in (GRPO and RLOO).
 
-The same definitions as the exported rollouts (flows/advantages.py, moving to analysis/):
+The definitions are the exported rollouts' own (analysis/advantages.py):
 GRPO  A_i = (r_i - mean r) / (std r + eps), std with n-1 (as verl);
 RLOO  A_i = r_i - mean_{j != i} r_j.
 A group's baseline is over the samples that have a reward: an infrastructure failure
@@ -9,28 +9,11 @@ A group's baseline is over the samples that have a reward: an infrastructure fai
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-EPS = 1e-6
+from analysis.advantages import EPS, grpo, rloo
 
-
-def grpo(rewards: Sequence[float], eps: float = EPS) -> list[float]:
-    n = len(rewards)
-    if n < 2:
-        return [0.0] * n
-    mean = sum(rewards) / n
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - 1))
-    return [(r - mean) / (std + eps) for r in rewards]
-
-
-def rloo(rewards: Sequence[float]) -> list[float]:
-    n = len(rewards)
-    if n < 2:
-        return [0.0] * n
-    total = sum(rewards)
-    return [r - (total - r) / (n - 1) for r in rewards]
+__all__ = ["EPS", "Group", "grpo", "rloo"]
 
 
 @dataclass
