@@ -236,19 +236,24 @@ class SandboxPool:
     # ------------------------------------------------------------------ internals
     def _take(self, deadline: float) -> _Slot:
         fut: Future[_Slot] | None = None
-        with self._lock:
-            if self._stop.is_set():
-                raise SandboxClosed("the sandbox pool is closed")
-            while self._idle:
-                slot = self._idle.popleft()
-                if self._expired(slot):
-                    self._retire_later(slot)
-                    continue
-                return slot
-            fut = Future()
-            self._waiting.append(fut)
-            if self._creating < len(self._waiting):
-                self._spawn()
+        stale: list[_Slot] = []  # removed outside the lock (an engine call)
+        try:
+            with self._lock:
+                if self._stop.is_set():
+                    raise SandboxClosed("the sandbox pool is closed")
+                while self._idle:
+                    slot = self._idle.popleft()
+                    if self._expired(slot):
+                        stale.append(slot)
+                        continue
+                    return slot
+                fut = Future()
+                self._waiting.append(fut)
+                if self._creating < len(self._waiting):
+                    self._spawn()
+        finally:
+            for slot in stale:
+                self._retire_later(slot)
         try:
             return fut.result(timeout=max(0.0, deadline - time.monotonic()))
         except TimeoutError:
