@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -149,7 +150,8 @@ def bwrap_sandboxes(run_prefix: str | None = None) -> list[SandboxInfo]:
     return out
 
 
-def remove_bwrap(info: SandboxInfo) -> None:
+def remove_bwrap(info: SandboxInfo) -> bool:
+    """Kill and remove a bwrap sandbox; False (state kept for a later try) if a cgroup stays busy."""
     path = state_dir() / f"{info.id}.json"
     try:
         state = json.loads(path.read_text())
@@ -159,16 +161,36 @@ def remove_bwrap(info: SandboxInfo) -> None:
     if pid and info.status == "running":  # bwrap: --die-with-parent takes the sandbox along
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    for cg in state.get("cgroups", []):
-        cgdir = Path(cg)
+    left = [cg for cg in state.get("cgroups", []) if not _remove_cgroup(Path(cg))]
+    if left:  # keep the state file: the next sweep or `sandflow sandbox gc` tries again
+        return False
+    path.unlink(missing_ok=True)
+    return True
+
+
+def _remove_cgroup(cgdir: Path, within_s: float = 5.0) -> bool:
+    """Kill what runs in a cgroup and remove it; True when it is gone.
+
+    A SIGKILLed process leaves its cgroup only once the kernel has torn it down, so an
+    rmdir right after the kill fails with EBUSY: keep killing and retrying for a moment.
+    """
+    deadline = time.monotonic() + within_s
+    while True:
         try:
             for p in (cgdir / "cgroup.procs").read_text().split():
-                os.kill(int(p), signal.SIGKILL)
-        except (OSError, ValueError):
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int(p), signal.SIGKILL)
+        except OSError:
             pass
-        with contextlib.suppress(OSError):
+        try:
             cgdir.rmdir()
-    path.unlink(missing_ok=True)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
 
 
 # ----------------------------------------------------------------------------- both
@@ -198,8 +220,8 @@ def collect(
         if not dry_run:
             if info.backend == "docker":
                 remove_docker(client, info)
-            else:
-                remove_bwrap(info)
+            elif not remove_bwrap(info):
+                continue  # a cgroup still busy: its state stays, the next gc tries again
         removed.append((info, reason))
     if client is not None:
         for vol in orphan_volumes(client, run_prefix):

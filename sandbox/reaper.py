@@ -148,8 +148,7 @@ def sweep(pid: int, start: str, host: str, docker: bool, docker_host: str | None
     for info in G.bwrap_sandboxes():
         if _mine(info.labels, pid, start, host):
             with contextlib.suppress(Exception):
-                G.remove_bwrap(info)
-                removed += 1
+                removed += int(G.remove_bwrap(info))
     return removed
 
 
