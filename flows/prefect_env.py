@@ -18,6 +18,8 @@ User-set values always win (setdefault): a real server, a real PREFECT_HOME.
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import BinaryIO
 
 PREFECT_DEFAULTS: dict[str, str] = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
@@ -63,6 +65,11 @@ def detach_ephemeral_server() -> None:
     kill -9 of the run (issue #11: it ran on forever), so it runs under flows.deathwatch,
     which stops it the moment this process is gone. No-op with a real server
     (PREFECT_API_URL).
+
+    Its output goes to a log file (`server_log_path()`), not to the run's terminal:
+    when a run is stopped, the server is terminated mid-flush and its services log
+    their cancellation as tracebacks, which ended a clean SIGTERM stop in 60 lines of
+    SQLAlchemy (found by CI: tests/chaos SIGTERM mid-run).
     """
     if os.environ.get("PREFECT_API_URL"):
         return
@@ -78,12 +85,47 @@ def detach_ephemeral_server() -> None:
         return
 
     def popen(args: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(wrap(list(args)), start_new_session=True, **kwargs)  # type: ignore[call-overload]
+        if "stdout" in kwargs or "stderr" in kwargs:
+            return subprocess.Popen(wrap(list(args)), start_new_session=True, **kwargs)  # type: ignore[call-overload]
+        with _server_log() as log:  # the child keeps its own copy of the descriptor
+            return subprocess.Popen(  # type: ignore[call-overload]
+                wrap(list(args)),
+                start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                **kwargs,
+            )
 
-    shim = types.SimpleNamespace(**{k: getattr(subprocess, k) for k in dir(subprocess) if not k.startswith("__")})
+    shim = types.SimpleNamespace(
+        **{k: getattr(subprocess, k) for k in dir(subprocess) if not k.startswith("__")}
+    )
     shim.Popen = popen
     shim.sandflow_detached = True
     api_server.subprocess = shim  # type: ignore[assignment]
+
+
+SERVER_LOG_MAX_BYTES = 10 * 1024 * 1024
+
+
+def server_log_path() -> Path:
+    """Where the ephemeral server's output goes: PREFECT_HOME/sandflow-ephemeral-server.log."""
+    from prefect.settings import get_current_settings
+
+    return Path(get_current_settings().home) / "sandflow-ephemeral-server.log"
+
+
+def _server_log() -> BinaryIO:
+    """The log file, opened for appending (started afresh once it passes 10 MB)."""
+    path = server_log_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        too_big = path.stat().st_size > SERVER_LOG_MAX_BYTES
+    except FileNotFoundError:
+        too_big = False
+    f = open(path, "wb" if too_big else "ab")  # noqa: SIM115 (closed by the caller's with)
+    f.write(f"--- ephemeral Prefect server for pid {os.getpid()}\n".encode())
+    f.flush()
+    return f
 
 
 def prefect_already_imported() -> bool:

@@ -144,7 +144,7 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path, slow_model: ScriptedModel, 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_clean_stop_marks_partial_episodes_then_resume(
-    tmp_path: Path, slow_model: ScriptedModel, start_cli, sig: int
+    tmp_path: Path, slow_model: ScriptedModel, start_cli, sig: int, cli_prefect_home: Path
 ) -> None:
     ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(N_TASKS))
     wh = tmp_path / "wh"
@@ -160,6 +160,10 @@ def test_clean_stop_marks_partial_episodes_then_resume(
     out = run.output
     assert rc != 0, f"the stopped run claims success:\n{out[-3000:]}"
     assert "Traceback" not in out, f"a stop should not end in a traceback:\n{out[-3000:]}"
+    # Prefect's ephemeral server, terminated mid-flush, logs its services' cancellation as
+    # tracebacks (seen in CI): its output goes to its own log, never into the run's.
+    server_log = cli_prefect_home / "sandflow-ephemeral-server.log"
+    assert f"ephemeral Prefect server for pid {run.proc.pid}" in server_log.read_text(errors="replace")
 
     # Clean stop: no container of the run is left, without any gc.
     wait_for(lambda: containers_of(rid) == [], 30, "the stopped run's containers to be gone")
