@@ -208,11 +208,7 @@ def ensure(api: Any, policy: EgressPolicy, hosts: dict[str, str] | None = None) 
         raise SandboxError(f"network policy {policy.mode!r}: {why}")
     import docker.errors
 
-    key = policy.key
-    if hosts:
-        import hashlib
-
-        key = hashlib.sha256((key + repr(sorted(hosts.items()))).encode()).hexdigest()[:10]
+    key = state_key(policy, hosts)
     ep_dir = STATE_ROOT / key
     ep_dir.mkdir(parents=True, exist_ok=True)
     name, bridge = NETWORK_PREFIX + key, BRIDGE_PREFIX + key
@@ -239,40 +235,50 @@ def ensure(api: Any, policy: EgressPolicy, hosts: dict[str, str] | None = None) 
         gateway = gateway.split("/")[0]
         _install_rules(bridge, gateway, PROXY_PORT)
         if not _pid_alive(ep_dir / "squid.pid"):
-            hosts_file = None
-            if hosts:
-                hosts_file = ep_dir / "hosts"
-                hosts_file.write_text("".join(f"{a} {n}\n" for n, a in hosts.items()))
-            (ep_dir / "squid.conf").write_text(
-                _squid_conf(policy, ep_dir, gateway, PROXY_PORT, hosts_file)
-            )
-            for f in ("access.log", "cache.log"):
-                (ep_dir / f).touch()
-            with contextlib.suppress(KeyError, OSError):
-                import pwd
-
-                proxy = pwd.getpwnam("proxy")
-                for f in ("access.log", "cache.log"):
-                    os.chown(ep_dir / f, proxy.pw_uid, proxy.pw_gid)
-                os.chown(ep_dir, proxy.pw_uid, proxy.pw_gid)
-            _run(["squid", "-f", str(ep_dir / "squid.conf")])
-            if not _wait_listening(gateway, PROXY_PORT, START_TIMEOUT_S):
-                tail = (ep_dir / "cache.log").read_text(errors="replace")[-600:]
-                raise SandboxError(f"egress proxy for policy {key} did not start: {tail}")
+            start_squid(policy, ep_dir, gateway, PROXY_PORT, hosts)
     return Endpoint(name, gateway, PROXY_PORT, ep_dir)
+
+
+def state_key(policy: EgressPolicy, hosts: dict[str, str] | None) -> str:
+    """The id of a proxy's state folder: the policy's key, plus its hosts file when given."""
+    if not hosts:
+        return policy.key
+    import hashlib
+
+    return hashlib.sha256((policy.key + repr(sorted(hosts.items()))).encode()).hexdigest()[:10]
+
+
+def start_squid(
+    policy: EgressPolicy, ep_dir: Path, address: str, port: int, hosts: dict[str, str] | None
+) -> None:
+    """Write the config of `policy` into `ep_dir` and start squid listening on address:port;
+    returns once it accepts connections. The caller holds `ep_dir`'s lock (both backends:
+    docker's proxy listens on its network's gateway, bwrap's on the host's loopback)."""
+    hosts_file = None
+    if hosts:
+        hosts_file = ep_dir / "hosts"
+        hosts_file.write_text("".join(f"{a} {n}\n" for n, a in hosts.items()))
+    (ep_dir / "squid.conf").write_text(_squid_conf(policy, ep_dir, address, port, hosts_file))
+    for f in ("access.log", "cache.log"):
+        (ep_dir / f).touch()
+    with contextlib.suppress(KeyError, OSError):
+        import pwd
+
+        proxy = pwd.getpwnam("proxy")
+        for f in ("access.log", "cache.log"):
+            os.chown(ep_dir / f, proxy.pw_uid, proxy.pw_gid)
+        os.chown(ep_dir, proxy.pw_uid, proxy.pw_gid)
+    _run(["squid", "-f", str(ep_dir / "squid.conf")])
+    if not _wait_listening(address, port, START_TIMEOUT_S):
+        tail = (ep_dir / "cache.log").read_text(errors="replace")[-600:]
+        raise SandboxError(f"egress proxy in {ep_dir} did not start: {tail}")
 
 
 def teardown(api: Any, endpoint: Endpoint) -> None:
     """Stop the proxy, drop the rules and the network (its sandboxes must be gone)."""
     import docker.errors
 
-    pid_file = endpoint.state_dir / "squid.pid"
-    with contextlib.suppress(OSError, ValueError):
-        pid = int(pid_file.read_text().strip())
-        os.kill(pid, 15)
-        for _ in range(50):
-            os.kill(pid, 0)
-            time.sleep(0.1)
+    stop_squid(endpoint.state_dir)
     bridge = BRIDGE_PREFIX + endpoint.network[len(NETWORK_PREFIX) :]
     _remove_rules(bridge, endpoint.gateway, endpoint.port)
     for _ in range(50):  # its sandboxes' containers may still be going (auto-remove)
@@ -284,6 +290,16 @@ def teardown(api: Any, endpoint: Endpoint) -> None:
         except docker.errors.APIError:
             time.sleep(0.2)
     log.warning("egress network %s: still in use, left in place", endpoint.network)
+
+
+def stop_squid(ep_dir: Path) -> None:
+    """Stop the squid whose pid file is in `ep_dir` (waits up to 5 s for it to go)."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int((ep_dir / "squid.pid").read_text().strip())
+        os.kill(pid, 15)
+        for _ in range(50):
+            os.kill(pid, 0)
+            time.sleep(0.1)
 
 
 def container_address(api: Any, container_id: str, network: str) -> str:
