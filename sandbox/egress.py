@@ -352,7 +352,10 @@ def parse_line(line: str, policy: EgressPolicy) -> EgressRecord | None:
     except ValueError:
         return None
     port_n = _int(port) if port != "-" else (443 if method == "CONNECT" else 80)
-    allowed = "DENIED" not in result
+    # squid logs a connection that never made a request as `error:...` in the URL
+    # (transaction-end-before-headers, invalid-request): nothing was fetched, no rule applied
+    no_request = url.startswith("error:")
+    allowed = "DENIED" not in result and not no_request
     host = host[:MAX_FIELD]
     return EgressRecord(
         time=t,
@@ -367,7 +370,9 @@ def parse_line(line: str, policy: EgressPolicy) -> EgressRecord | None:
         result=result[:64],
         server=server[:64],
         allowed=allowed,
-        rule=policy.explain(host, port_n, allowed),
+        rule=f"deny: not a request ({url[:64]})"
+        if no_request
+        else policy.explain(host, port_n, allowed),
     )
 
 
