@@ -9,7 +9,9 @@ stdin/stdout are our pipes; `--die-with-parent` ends the sandbox with this proce
 Network: "none" is an empty namespace (its own loopback only); "bridge" is an own
 namespace too, with user-mode NAT by slirp4netns (sandbox.bwrap_net): outbound traffic
 works, the host's 127.0.0.1 services and other sandboxes do not answer; "host" shares
-the host's network namespace (everything on the host's loopback answers: opt-in only).
+the host's network namespace (everything on the host's loopback answers: opt-in only);
+"allowlist" / "open" is the empty namespace plus one listener on its 127.0.0.1 that relays
+to the policy's shared egress proxy (sandbox.bwrap_egress), bound before the helper runs.
 
 Identity: as root, `setpriv` leaves the helper (PID 1) uid 0 with only CAP_SETUID,
 CAP_SETGID, CAP_KILL and CAP_SETPCAP and no_new_privs; every process it starts runs as uid
@@ -34,7 +36,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sandbox import reaper, registry
+from sandbox import bwrap_egress, egress, reaper, registry
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.bwrap_net import RESOLV_CONF, UserNat, read_child_pid, readable, slirp_available
 from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSandbox, privsep
@@ -174,16 +176,21 @@ class BwrapSandbox(HelperSandbox):
 
     def __init__(self, config: SandboxConfig) -> None:
         super().__init__(config)
-        why = bwrap_available() or (
-            slirp_available() if config.limits.network == "bridge" else None
-        )
-        if config.limits.network in ("allowlist", "open"):
-            why = (
-                f"network policy {config.limits.network!r} (the egress proxy) runs on the docker "
-                "backend only for now; use --backend docker, or network 'none' / 'bridge'"
-            )
+        network = config.limits.network
+        why = bwrap_available() or (slirp_available() if network == "bridge" else None)
+        if not why and network in ("allowlist", "open"):
+            why = bwrap_egress.unavailable()
+            why = f"network policy {network!r}: {why}" if why else None
         if why:
             raise SandboxError(why)
+        self.egress: egress.Endpoint | None = None  # network allowlist/open: its proxy
+        self.egress_address = ""  # where this sandbox's requests come from, as squid sees them
+        self._egress_cursor: egress.LogCursor | None = None
+        self.tap: bwrap_egress.Tap | None = None
+        if network in ("allowlist", "open"):
+            self.egress = bwrap_egress.endpoint_for(config.limits)
+            self._egress_cursor = egress.LogCursor.at_end(self.egress)
+        self._created_at = time.time()  # a source address is reused once its sandbox is gone
         self.rootfs = _rootfs_for(config.image)
         if not (self.rootfs / config.workdir.lstrip("/")).is_dir():
             raise SandboxError(
@@ -206,8 +213,11 @@ class BwrapSandbox(HelperSandbox):
     def name(self) -> str:
         return f"bwrap-{self.id}"
 
-    def _argv(self, info_fd: int | None = None, resolv_fd: int | None = None) -> list[str]:
-        """bwrap's command line; with "bridge", the fds for its pid report and resolv.conf."""
+    def _argv(
+        self, info_fd: int | None = None, resolv_fd: int | None = None, block_fd: int | None = None
+    ) -> list[str]:
+        """bwrap's command line; with "bridge", the fds for its pid report and resolv.conf;
+        with an egress policy, the pid report and the fd bwrap waits on before the helper."""
         lim = self.config.limits
         size = str(lim.tmp_size_mb << 20)
         argv = ["bwrap", "--die-with-parent", "--as-pid-1", "--new-session"]
@@ -216,6 +226,8 @@ class BwrapSandbox(HelperSandbox):
             argv += ["--unshare-net"]
         if info_fd is not None:
             argv += ["--info-fd", str(info_fd)]
+        if block_fd is not None:
+            argv += ["--block-fd", str(block_fd)]
         root = os.geteuid() == 0
         if not root:
             argv += ["--unshare-user", "--uid", "1000", "--gid", "1000"]
@@ -269,13 +281,23 @@ class BwrapSandbox(HelperSandbox):
             env["SANDFLOW_LIFETIME_S"] = str(lim.wall_clock_s + 5.0)
         if self.cgroups is None:
             env["SANDFLOW_RLIMITS"] = f"AS={lim.memory_mb << 20},NPROC={lim.pids}"
+        if self.egress is not None:
+            env.update(bwrap_egress.sandbox_env(self.egress))
         return env
 
     def _start(self) -> None:
         lim = self.config.limits
         fds: list[int] = []  # ours to close once bwrap has them
-        info_r = -1
-        if lim.network == "bridge":
+        info_r = block_w = -1
+        if self.egress is not None:
+            # bwrap reports the sandbox's pid, then waits on block_r (after its namespaces and
+            # loopback exist, before the helper runs): the relay's listener is in place before
+            # any process of the sandbox, and in the helper's boot snapshot of sockets.
+            info_r, info_w = os.pipe()
+            block_r, block_w = os.pipe()
+            fds = [info_w, block_r]
+            argv = self._argv(info_w, block_fd=block_r)
+        elif lim.network == "bridge":
             info_r, info_w = os.pipe()
             resolv_r, resolv_w = os.pipe()
             os.write(resolv_w, RESOLV_CONF)  # far below a pipe's buffer: bwrap reads it to EOF
@@ -311,11 +333,16 @@ class BwrapSandbox(HelperSandbox):
             cgroup_dirs = [str(d) for d in self.cgroups.dirs.values()] if self.cgroups else []
             self.state_file = write_bwrap_state(self.id, self.proc.pid, self.labels, cgroup_dirs)
             child = read_child_pid(info_r, self.proc) if info_r >= 0 else None
+            if self.egress is not None and child is not None:
+                self.tap = bwrap_egress.open_tap(child, self.egress, self.name)
+                self.egress_address = self.tap.source
+                os.write(block_w, b"1")
+                child = None  # no slirp: the relay is this sandbox's only way out
         except BaseException:
-            self.kill()
+            self.kill()  # before block_w closes: a sandbox without its relay never runs
             raise
         finally:
-            for fd in [*fds, info_r]:
+            for fd in [*fds, info_r, block_w]:
                 if fd >= 0:
                     os.close(fd)
         self._boot(self._new_client(self.transport))
@@ -339,6 +366,8 @@ class BwrapSandbox(HelperSandbox):
                 proc.wait(timeout=10)
         if self.nat is not None:
             self.nat.close()
+        if self.tap is not None:
+            self.tap.close()
         if self.cgroups is not None:
             self.cgroups.remove()
         if self.state_file is not None:
@@ -371,6 +400,17 @@ class BwrapSandbox(HelperSandbox):
 
     def _put_tar(self, dest_dir: str, data: bytes) -> None:
         self._helper_put(dest_dir, data)
+
+    def egress_records(self, since: float, until: float | None = None) -> list[egress.EgressRecord]:
+        """This sandbox's requests through the egress proxy that ended in [since, until)
+        (network allowlist/open; [] otherwise), each with the rule behind its decision."""
+        if self.egress is None or not self.egress_address:
+            return []
+        since = max(since, self._created_at)
+        policy = egress.policy_of(self.config.limits)
+        return egress.read_records(
+            self.egress, policy, self.egress_address, since, until, self._egress_cursor
+        )
 
 
 def _slug(s: str) -> str:

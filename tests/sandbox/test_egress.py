@@ -1,9 +1,11 @@
-"""Network policy `allowlist` on the docker backend: the egress proxy lets through what is
+"""Network policy `allowlist` on both backends: the egress proxy lets through what is
 listed, refuses everything else, and records every request against its sandbox.
 
 Every "outside" here is a listener this test starts itself: a package index (pypiserver)
 and probe listeners on 127.0.0.1, probe listeners on the egress network's gateway address
-(the host side of the docker network the test's policy creates), and a second sandbox.
+(docker: the host side of the docker network the test's policy creates), and a second
+sandbox. A bwrap sandbox's namespace has only its own loopback: what it tries "directly"
+(the host's 127.0.0.1 probes, squid's own port, a peer) lands there and is refused.
 Names the proxy resolves come from the policy's own hosts file (egress_hosts), so no test
 traffic reaches any other address; "forbidden" addresses (169.254.169.254, 10.99.0.1) are
 refused by the proxy before it connects, which is what the test checks.
@@ -24,12 +26,22 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import SandboxConfig, SandboxLimits, egress, open_sandbox
-from sandbox.base import SandboxError
+from sandbox import SandboxConfig, SandboxLimits, bwrap_egress, egress, open_sandbox
+from sandbox.bwrap_backend import BwrapSandbox
 from sandbox.docker_backend import DockerSandbox
 from sandbox.netpolicy import EgressPolicy, PolicyError, parse_entry
 
-pytestmark = pytest.mark.skipif(egress.unavailable() is not None, reason=str(egress.unavailable()))
+EgressBox = DockerSandbox | BwrapSandbox
+
+
+def proxy_unavailable(backend: str) -> str | None:
+    """Why the egress proxy cannot run on `backend` here (docker also needs the firewall)."""
+    return egress.unavailable() if backend == "docker" else bwrap_egress.unavailable()
+
+
+pytestmark = pytest.mark.skipif(
+    proxy_unavailable("bwrap") is not None, reason=str(proxy_unavailable("bwrap"))
+)
 
 WHEEL = "sfegress_probe-1.0-py3-none-any.whl"
 
@@ -141,25 +153,49 @@ def limits(index: int) -> SandboxLimits:
     )
 
 
-@pytest.fixture(scope="module")
-def endpoint(limits: SandboxLimits, sandbox_image: str) -> Iterator[egress.Endpoint]:
+def start_proxy(backend: str, limits: SandboxLimits) -> egress.Endpoint:
+    why = proxy_unavailable(backend)
+    if why:
+        pytest.skip(why)
+    if backend == "bwrap":
+        return bwrap_egress.endpoint_for(limits)
     from sandbox.engine import docker_client
 
-    api = docker_client().api
-    ep = egress.endpoint_for(api, limits)
+    return egress.endpoint_for(docker_client().api, limits)
+
+
+def stop_proxy(backend: str, ep: egress.Endpoint) -> None:
+    if backend == "bwrap":
+        bwrap_egress.teardown(ep)
+        return
+    from sandbox.engine import docker_client
+
+    egress.teardown(docker_client().api, ep)
+
+
+@pytest.fixture(scope="module")
+def endpoint(limits: SandboxLimits, backend: str) -> Iterator[egress.Endpoint]:
+    """The policy's shared proxy on `backend` (the conftest's backend: both, in turn)."""
+    ep = start_proxy(backend, limits)
     yield ep
-    egress.teardown(api, ep)
+    stop_proxy(backend, ep)
 
 
 @pytest.fixture
 def open_box(
-    limits: SandboxLimits, endpoint: egress.Endpoint, test_run_id: str
-) -> Iterator[Callable[[str], DockerSandbox]]:
-    opened: list[DockerSandbox] = []
+    limits: SandboxLimits, endpoint: egress.Endpoint, test_run_id: str, backend: str
+) -> Iterator[Callable[[str], EgressBox]]:
+    opened: list[EgressBox] = []
 
-    def open_(episode: str) -> DockerSandbox:
-        sb = open_sandbox(SandboxConfig(run_id=test_run_id, episode_id=episode, limits=limits))
-        assert isinstance(sb, DockerSandbox)
+    def open_(episode: str) -> EgressBox:
+        cfg = SandboxConfig(
+            backend=backend,
+            run_id=test_run_id,
+            episode_id=episode,
+            limits=limits,
+        )
+        sb = open_sandbox(cfg)
+        assert isinstance(sb, DockerSandbox | BwrapSandbox)
         opened.append(sb)
         return sb
 
@@ -169,7 +205,7 @@ def open_box(
 
 
 def test_pip_install_goes_through_the_proxy_and_is_recorded(
-    open_box: Callable[[str], DockerSandbox], index: int
+    open_box: Callable[[str], EgressBox], index: int
 ) -> None:
     sb = open_box("pip")
     t0 = time.time()
@@ -244,21 +280,30 @@ udp("udp_gateway", cfg["gw"], cfg["gw_udp"])
 q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07outside\x04test\x00\x00\x01\x00\x01"
 udp("dns_direct_gateway", cfg["gw"], 53, q)
 dns("dns_via_engine_resolver", "outside.test")
+if cfg.get("squid_port"):  # bwrap: squid's own port on the host's loopback, named directly
+    tcp("direct_tcp_squid", "127.0.0.1", cfg["squid_port"])
+out["interfaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:])
+out["routes"] = open("/proc/net/route").read().splitlines()[1:]
 print(json.dumps(out))
 """
 
 
 def test_every_forbidden_path_is_refused(
-    open_box: Callable[[str], DockerSandbox], endpoint: egress.Endpoint, index: int
+    open_box: Callable[[str], EgressBox], endpoint: egress.Endpoint, index: int, backend: str
 ) -> None:
+    """docker: the gateway is the host's side of the egress network. bwrap: 127.0.0.1 is the
+    host's loopback (where squid and the probes listen) as the sandbox would name it, which
+    in its own namespace is its own loopback: the same probes, and squid's port, refused."""
     loop_probe = Probe("127.0.0.1")  # a host service on 127.0.0.1 that is not listed
-    gw_tcp = Probe(endpoint.gateway)  # a host service on the bridge address
+    gw_tcp = Probe(endpoint.gateway)  # a host service on the bridge address (bwrap: loopback)
     gw_udp = Probe(endpoint.gateway, udp=True)
     dns_probe = Probe(endpoint.gateway, 53, udp=True)  # where the engine's resolver forwards
     probes = [loop_probe, gw_tcp, gw_udp, dns_probe]
     try:
         peer = open_box("peer")
         peer.exec("nohup python -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 &")
+        if backend == "bwrap":  # the peer's address is the host's: a listener squid could reach
+            probes.append(Probe(peer.egress_address, 8000))
         up = peer.exec(
             "for i in $(seq 50); do curl -s --noproxy '*' -o /dev/null -w '%{http_code}' "
             "http://127.0.0.1:8000/ && break; sleep 0.2; done"
@@ -273,6 +318,7 @@ def test_every_forbidden_path_is_refused(
             "gw_udp": gw_udp.port,
             "peer": peer.egress_address,
             "peer_port": 8000,
+            "squid_port": endpoint.port if backend == "bwrap" else 0,
         }
         sb.write_file("probe.py", PROBE_SCRIPT)
         r = sb.exec(f"python probe.py '{json.dumps(cfg)}'", timeout=90)
@@ -298,10 +344,15 @@ def test_every_forbidden_path_is_refused(
         for name in ("udp_gateway", "dns_direct_gateway"):
             assert out[name] != "answered", (name, out)
         assert out["dns_via_engine_resolver"] == "gaierror", out
+        if backend == "bwrap":  # nothing in its namespace but its own loopback, no route
+            assert out["interfaces"] == ["lo"] and out["routes"] == [], out
+            assert out["direct_tcp_squid"] == "ConnectionRefusedError", out
         time.sleep(0.5)
-        assert [p.hits for p in probes] == [0, 0, 0, 0]  # nothing reached any listener
+        assert [p.hits for p in probes] == [0] * len(probes)  # nothing reached any listener
         # every request the proxy refused is recorded, denied, with the rule that refused it
-        rules = {(x.host, x.port): x.rule for x in sb.egress_records(t0) if not x.allowed}
+        # (the proxy's records: a URL; refusals of direct connections, where recorded, have none)
+        proxied = [x for x in sb.egress_records(t0) if x.url]
+        rules = {(x.host, x.port): x.rule for x in proxied if not x.allowed}
         assert rules[("notallowed.test", 80)] == "deny: not in allowlist"
         assert rules[("meta.test", 80)] == "deny: meta.test resolves to a forbidden address"
         assert rules[("lan.test", 80)] == "deny: lan.test:80 resolves to a forbidden address"
@@ -315,7 +366,7 @@ def test_every_forbidden_path_is_refused(
             == f"deny: port {loop_probe.port} not allowed for pypi.test"
         )
         assert rules[(peer.egress_address, 8000)].startswith("deny: forbidden address")
-        denied = [x for x in sb.egress_records(t0) if not x.allowed]
+        denied = [x for x in proxied if not x.allowed]
         assert len(denied) == 8, denied  # one record per refused request
         metadata = [x.rule for x in denied if "169.254" in x.host or "ffff" in x.host]
         assert metadata == ["deny: forbidden address 169.254.0.0/16"] * 2  # plain + v6-mapped
@@ -348,13 +399,110 @@ def test_policy_entries_are_checked_with_clear_errors() -> None:
     assert a.key != EgressPolicy.build("open", []).key
 
 
-def test_bwrap_refuses_allowlist_clearly(limits: SandboxLimits) -> None:
-    with pytest.raises(SandboxError, match="docker backend only"):
-        open_sandbox(SandboxConfig(backend="bwrap", limits=limits))
+HOLD_SCRIPT = r"""
+import socket, sys, time
+held = []
+for _ in range(int(sys.argv[1])):
+    held.append(socket.create_connection(("127.0.0.1", 808), timeout=5))
+open("/tmp/held", "w").write(str(len(held)))
+time.sleep(600)
+"""
+
+
+GARBAGE_SCRIPT = r"""
+import socket
+s = socket.create_connection(("127.0.0.1", 808), timeout=10)
+s.sendall(b"\x00\xff" * 500 + b"\r\n\r\n")
+print(s.recv(64))
+"""
+
+
+@pytest.mark.parametrize("backend", ["bwrap"], indirect=True)
+def test_bwrap_relay_is_out_of_the_sandboxs_reach_and_bounded(
+    open_box: Callable[[str], EgressBox], index: int
+) -> None:
+    """The in-namespace listener belongs to no process of the sandbox: its port cannot be
+    bound, `kill -9 -1` does not touch it; a flood of connections is held to MAX_CONNS
+    (the rest wait in the kernel's backlog), then service resumes; garbage reaches squid
+    (which refuses it) and nothing else; closing the sandbox closes it all."""
+    sb = open_box("relay")
+    assert isinstance(sb, BwrapSandbox) and sb.tap is not None
+    tap = sb.tap
+    curl = f"curl -s -o /dev/null -w '%{{http_code}}' http://pypi.test:{index}/simple/"
+    squat = (
+        "python3 -c \"import socket\nfor a in ('127.0.0.1', '0.0.0.0'):\n"
+        " s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n"
+        " try: s.bind((a, 808)); print('bound')\n"
+        ' except OSError as e: print(type(e).__name__)"'
+    )
+    r = sb.exec(squat)
+    assert r.stdout.split() == ["PermissionError", "PermissionError"], r
+    r = sb.exec("kill -9 -1; sleep 1")  # every process the sandbox user can signal
+    assert sb.exec(curl).stdout == "200"
+    # a flood: MAX_CONNS are relayed, the listener pauses, the rest wait; then it resumes
+    sb.write_file("hold.py", HOLD_SCRIPT)
+    n, before, t_flood = bwrap_egress.MAX_CONNS + 8, tap.accepted, time.time()
+    sb.exec(f"nohup python3 hold.py {n} >/tmp/hold.log 2>&1 & echo $! > /tmp/hold.pid")
+    for _ in range(100):
+        if tap.accepted - before >= bwrap_egress.MAX_CONNS and tap.paused:
+            break
+        time.sleep(0.1)
+    assert len(tap.conns) == bwrap_egress.MAX_CONNS and tap.paused, (len(tap.conns), tap.paused)
+    held = sb.exec(
+        "for i in $(seq 50); do [ -s /tmp/held ] && break; sleep 0.1; done; cat /tmp/held"
+    )
+    assert held.stdout == str(n), held  # the rest held by the kernel's backlog, not served
+    sb.exec("kill $(cat /tmp/hold.pid)")
+    for _ in range(100):
+        if not tap.conns and not tap.paused:
+            break
+        time.sleep(0.1)
+    assert not tap.conns and not tap.paused and tap.accepted - before == n
+    assert sb.exec(curl).stdout == "200"
+    # raw garbage goes to squid, which refuses it; nothing else hears it
+    sb.write_file("garbage.py", GARBAGE_SCRIPT)
+    r = sb.exec("python3 garbage.py")
+    assert r.stdout.startswith("b'HTTP/1.1 400"), r
+    # connections that made no request are recorded, but as no request: not allowed
+    time.sleep(0.3)
+    rules = [x.rule for x in sb.egress_records(t_flood) if not x.allowed]
+    assert rules.count("deny: not a request (error:transaction-end-before-headers)") == n
+    assert rules.count("deny: not a request (error:invalid-request)") == 1
+    source, listener = tap.source, tap.listener
+    sb.close()
+    assert tap.closed and not tap.conns and listener.fileno() == -1
+    with socket.socket() as s:  # the source address is free for the next sandbox
+        s.bind((source, bwrap_egress.RESERVE_PORT))
+
+
+def test_bwrap_egress_without_root_is_refused_clearly(sandbox_rootfs: str) -> None:
+    """Unprivileged bubblewrap: the relay cannot enter the sandbox's namespace (owned by a
+    user namespace this user has no rights in), so the policy is refused, naming why."""
+    code = (
+        "from sandbox import SandboxConfig, SandboxLimits, open_sandbox\n"
+        "from sandbox.base import SandboxError\n"
+        "lim = SandboxLimits(network='allowlist', egress_allow=('pypi.org',))\n"
+        "try:\n"
+        "    open_sandbox(SandboxConfig(backend='bwrap', limits=lim)).close()\n"
+        "except SandboxError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", "--"]
+        + [sys.executable, "-c", code],
+        cwd=root,
+        env={"PATH": "/usr/sbin:/usr/bin:/bin", "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stdout.startswith("refused: network policy 'allowlist'"), proc.stdout + proc.stderr
+    assert "needs root" in proc.stdout and "docker backend" in proc.stdout
 
 
 def test_episode_turns_carry_their_requests_into_the_egress_view(
-    open_box: Callable[[str], DockerSandbox], index: int, scripted_model: object, tmp_path: Path
+    open_box: Callable[[str], EgressBox], index: int, scripted_model: object, tmp_path: Path
 ) -> None:
     """A scripted model pip-installs in one turn, is refused in the next: the warehouse's
     `egress` view has each request with its run, episode and turn."""
@@ -492,30 +640,32 @@ def test_log_reading_is_incremental_per_sandbox_and_bounded(tmp_path: Path) -> N
 
 
 def test_open_mode_still_refuses_forbidden_addresses_and_the_proxy_itself(
-    sandbox_image: str, test_run_id: str
+    backend: str, test_run_id: str
 ) -> None:
     """`open` lets any name through, never a forbidden address nor squid's own manager."""
-    from sandbox.engine import docker_client
-
     lim = SandboxLimits(memory_mb=512, network="open", egress_hosts=("loop.test=127.0.0.1",))
-    api = docker_client().api
-    ep = egress.endpoint_for(api, lim)
+    ep = start_proxy(backend, lim)
     try:
-        cfg = SandboxConfig(run_id=test_run_id, episode_id="open", limits=lim)
+        cfg = SandboxConfig(
+            backend=backend,
+            run_id=test_run_id,
+            episode_id="open",
+            limits=lim,
+        )
         with open_sandbox(cfg) as sb:
             t0 = time.time()
             urls = [
-                "http://sandflow-egress:13128/squid-internal-mgr/info",
-                f"http://{ep.gateway}:13128/squid-internal-mgr/info",
+                f"http://sandflow-egress:{ep.port}/squid-internal-mgr/info",
+                f"http://{ep.gateway}:{ep.port}/squid-internal-mgr/info",
                 "http://loop.test:8080/",
                 "http://169.254.169.254/",
             ]
-            for u in urls:
-                r = sb.exec(f"curl -s -o /dev/null -w '%{{http_code}}' '{u}'")
+            for u in urls:  # all through the proxy (bwrap: its 127.0.0.1 is in no_proxy)
+                r = sb.exec(f"curl -s --noproxy '' -o /dev/null -w '%{{http_code}}' '{u}'")
                 assert r.stdout == "403", (u, r)
             time.sleep(0.3)
             records = sb.egress_records(t0)  # type: ignore[attr-defined]
             assert len(records) == 4 and not any(x.allowed for x in records)
             assert all(x.rule.startswith("deny: forbidden address") for x in records)
     finally:
-        egress.teardown(api, ep)
+        stop_proxy(backend, ep)
