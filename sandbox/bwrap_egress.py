@@ -46,6 +46,7 @@ import selectors
 import shutil
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,7 @@ log = logging.getLogger("sandflow.sandbox.bwrap_egress")
 PROXY_PORT = 808  # in the sandbox's namespace: below 1024, so its user can never bind it
 SOURCE_PREFIX = "127.77."  # relayed connections leave from 127.77.X.Y (one per live sandbox)
 RESERVE_PORT = 1  # the port whose bind reserves a source address host-wide
+RETRY_S = 1.0  # a listener whose accept failed (no fd left) waits this long before the next
 MAX_CONNS = 32  # concurrent relayed connections per sandbox
 CHUNK = 128 << 10  # bytes held per direction of a connection
 CLONE_NEWNET = 0x40000000
@@ -210,6 +212,7 @@ class Tap:
     reservation: socket.socket
     conns: set[_Conn] = field(default_factory=set)
     paused: bool = False  # at MAX_CONNS: the listener is not watched until one ends
+    retry_at: float = 0.0  # paused after a failure to accept (out of fds): watched again then
     closed: bool = False
     accepted: int = 0  # totals, for diagnostics and tests
     refused_at_cap: int = 0
@@ -281,6 +284,7 @@ class _Relay:
         self.wake_r: socket.socket | None = None
         self.wake_w: socket.socket | None = None
         self.thread: threading.Thread | None = None
+        self.taps: set[Tap] = set()  # open taps (the relay thread's own)
 
     def submit(self, cmd: tuple[str, Tap, threading.Event | None]) -> None:
         with self.lock:
@@ -304,7 +308,11 @@ class _Relay:
         sel, wake = self.sel, self.wake_r
         assert sel is not None and wake is not None
         while True:
-            for key, mask in sel.select():
+            starved = [t for t in self.taps if t.retry_at]
+            timeout = (
+                max(0.0, min(t.retry_at for t in starved) - time.monotonic()) if starved else None
+            )
+            for key, mask in sel.select(timeout):
                 try:
                     if key.data is None:
                         with contextlib.suppress(BlockingIOError):
@@ -318,6 +326,11 @@ class _Relay:
                     log.exception("egress relay: unexpected error (connection dropped)")
                     if isinstance(key.data, _Conn):
                         self._close(sel, key.data)
+            now = time.monotonic()
+            for tap in starved:
+                if tap.retry_at and tap.retry_at <= now:
+                    tap.retry_at = 0.0
+                    self._resume(sel, tap)
 
     def _commands(self, sel: selectors.BaseSelector) -> None:
         while True:
@@ -327,7 +340,9 @@ class _Relay:
                 return
             if op == "add":
                 sel.register(tap.listener, selectors.EVENT_READ, tap)
+                self.taps.add(tap)
             elif op == "remove":
+                self.taps.discard(tap)
                 if not tap.closed:
                     tap.closed = True
                     if not tap.paused:
@@ -343,18 +358,22 @@ class _Relay:
             return
         for _ in range(16):  # a few per turn, so one sandbox cannot hold the loop
             if len(tap.conns) >= MAX_CONNS:
-                sel.unregister(tap.listener)
-                tap.paused = True
+                self._pause(sel, tap)
                 return
             try:
                 down, _ = tap.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # EMFILE and the like: refuse this one, keep serving
-                log.warning("egress relay of %s: accept failed: %s", tap.name, e)
+            except OSError as e:  # out of fds (EMFILE, ENFILE) or memory: back off, not spin
+                self._starve(sel, tap, f"accept failed: {e}")
+                return
+            try:
+                up = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            except OSError as e:
+                down.close()
+                self._starve(sel, tap, f"no socket to the proxy: {e}")
                 return
             down.setblocking(False)
-            up = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             up.setblocking(False)
             for s in (down, up):  # no Nagle delay of our own: the endpoints chose their writes
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -461,11 +480,26 @@ class _Relay:
                     sel.unregister(sock)
             conn.events[sock] = 0
             sock.close()
-        tap = conn.tap
-        tap.conns.discard(conn)
+        conn.tap.conns.discard(conn)
+        if not conn.tap.retry_at:
+            self._resume(sel, conn.tap)
+
+    def _pause(self, sel: selectors.BaseSelector, tap: Tap) -> None:
+        if not tap.paused and not tap.closed:
+            sel.unregister(tap.listener)
+            tap.paused = True
+
+    def _resume(self, sel: selectors.BaseSelector, tap: Tap) -> None:
         if tap.paused and not tap.closed and len(tap.conns) < MAX_CONNS:
             sel.register(tap.listener, selectors.EVENT_READ, tap)
             tap.paused = False
+
+    def _starve(self, sel: selectors.BaseSelector, tap: Tap, why: str) -> None:
+        """The listener stays readable while accept fails: unwatch it for RETRY_S, so the
+        loop does not spin (and logs once per pause, not once per attempt)."""
+        log.warning("egress relay of %s: %s; retrying in %.0f s", tap.name, why, RETRY_S)
+        self._pause(sel, tap)
+        tap.retry_at = time.monotonic() + RETRY_S
 
 
 RELAY = _Relay()
