@@ -11,7 +11,8 @@ namespace too, with user-mode NAT by slirp4netns (sandbox.bwrap_net): outbound t
 works, the host's 127.0.0.1 services and other sandboxes do not answer; "host" shares
 the host's network namespace (everything on the host's loopback answers: opt-in only);
 "allowlist" / "open" is the empty namespace plus one listener on its 127.0.0.1 that relays
-to the policy's shared egress proxy (sandbox.bwrap_egress), bound before the helper runs.
+to the policy's shared egress proxy (sandbox.bwrap_egress), bound before the helper runs
+(as root or as a normal user).
 
 Identity: as root, `setpriv` leaves the helper (PID 1) uid 0 with only CAP_SETUID,
 CAP_SETGID, CAP_KILL and CAP_SETPCAP and no_new_privs; every process it starts runs as uid

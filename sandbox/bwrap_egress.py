@@ -2,8 +2,10 @@
 
 A bwrap sandbox has its own network namespace with nothing in it but `lo`: no interface,
 no route, no resolver. The only way out is a listening socket on the sandbox's own
-127.0.0.1:PROXY_PORT that this process created *inside that namespace* (a short-lived
-thread enters it with setns, binds, and leaves; the socket stays where it was made).
+127.0.0.1:PROXY_PORT that this process created *inside that namespace* (as root a
+short-lived thread enters it with setns, binds, and leaves; as a normal user a short child
+process joins the user namespace that owns it, binds, and hands the socket back; either way
+the socket stays where it was made).
 Connections the sandbox opens to it are accepted here, on the host side, and relayed to the
 policy's squid, which listens on the host's 127.0.0.1 only (another network namespace:
 unreachable from the sandbox's own 127.0.0.1). Each relayed connection leaves from a source
@@ -25,10 +27,9 @@ per accepted one, at most CHUNK bytes buffered per direction, nothing read from 
 whose previous chunk has not been delivered.
 
 Shared, not per sandbox: one squid per (policy, hosts) on the host's 127.0.0.1, for every
-bwrap sandbox of that policy in every process (an flock in its state folder; like docker's,
-it outlives the process; `teardown` stops it). Needs root: entering the sandbox's network
-namespace needs CAP_SYS_ADMIN over it (unprivileged bwrap creates it in a user namespace
-this process has no rights in); without root the policy is refused, naming why.
+bwrap sandbox of that policy in every process of the user (an flock in its state folder;
+like docker's, it outlives the process; `teardown` stops it). Root's proxies live in the
+shared state folder; a normal user's in one of its own (`state_root`).
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ import random
 import selectors
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sandbox import egress
@@ -58,7 +62,9 @@ log = logging.getLogger("sandflow.sandbox.bwrap_egress")
 
 PROXY_PORT = 808  # in the sandbox's namespace: below 1024, so its user can never bind it
 SOURCE_PREFIX = "127.77."  # relayed connections leave from 127.77.X.Y (one per live sandbox)
-RESERVE_PORT = 1  # the port whose bind reserves a source address host-wide
+# the port whose bind reserves a source address host-wide (below 1024 only root may bind;
+# users' reservations need not meet root's: each user's proxies are its own)
+RESERVE_PORT = 1 if os.geteuid() == 0 else 1808
 RETRY_S = 1.0  # a listener whose accept failed (no fd left) waits this long before the next
 MAX_CONNS = 32  # concurrent relayed connections per sandbox
 CHUNK = 128 << 10  # bytes held per direction of a connection
@@ -68,16 +74,20 @@ IP_FREEBIND = 15  # bind 127.0.0.1 before bwrap has brought the namespace's lo u
 
 def unavailable() -> str | None:
     """Why the bwrap backend cannot run the egress proxy here, or None."""
-    if os.geteuid() != 0:
-        return (
-            "on the bwrap backend the egress proxy needs root (the relay enters the sandbox's "
-            "network namespace, which unprivileged bubblewrap creates in a user namespace this "
-            "process has no rights in); run as root, use the docker backend, or network "
-            "'none' / 'bridge'"
-        )
     if shutil.which("squid") is None:
-        return "the egress proxy needs Debian's squid: `apt-get install -y squid` (or scripts/setup.sh)"
+        return (
+            "the egress proxy needs Debian's squid on PATH: `apt-get install -y squid` (or "
+            "scripts/setup.sh; a normal user may need /usr/sbin on PATH)"
+        )
     return None
+
+
+def state_root() -> Path:
+    """Where the proxies' state lives: the shared folder for root (or SANDFLOW_EGRESS_DIR),
+    else one of this user's own (the shared one belongs to root)."""
+    if os.geteuid() == 0 or os.environ.get("SANDFLOW_EGRESS_DIR"):
+        return egress.STATE_ROOT
+    return egress.STATE_ROOT.with_name(f"{egress.STATE_ROOT.name}-{os.geteuid()}")
 
 
 def ensure(policy: Any, hosts: dict[str, str] | None = None) -> egress.Endpoint:
@@ -86,8 +96,14 @@ def ensure(policy: Any, hosts: dict[str, str] | None = None) -> egress.Endpoint:
     why = unavailable()
     if why:
         raise SandboxError(f"network policy {policy.mode!r}: {why}")
-    ep_dir = egress.STATE_ROOT / ("lo-" + egress.state_key(policy, hosts))
-    ep_dir.mkdir(parents=True, exist_ok=True)
+    ep_dir = state_root() / ("lo-" + egress.state_key(policy, hosts))
+    try:
+        ep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SandboxError(
+            f"network policy {policy.mode!r}: cannot create the egress proxy's folder {ep_dir}: "
+            f"{e} (set SANDFLOW_EGRESS_DIR to a folder of yours)"
+        ) from None
     port_file = ep_dir / "port"
     with open(ep_dir / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -155,9 +171,12 @@ _LIBC: Any = None
 def listener_in_netns(pid: int, port: int = PROXY_PORT) -> socket.socket:
     """A TCP listener on 127.0.0.1:`port` inside the network namespace of process `pid`.
 
-    A fresh thread enters the namespace (setns affects only the calling thread), creates and
-    binds the socket, and ends; the socket keeps the namespace it was created in. Refuses
-    a namespace that is this process's own (the relay must never listen on the host).
+    As root a fresh thread enters the namespace (setns affects only the calling thread),
+    creates and binds the socket, and ends; the socket keeps the namespace it was created
+    in. As a normal user the namespace belongs to the user namespace unprivileged bubblewrap
+    made, which only a single-threaded process may enter: a short child process joins both
+    (as slirp4netns does), binds, and hands the socket back over a socketpair. Refuses a
+    namespace that is this process's own (the relay must never listen on the host).
     """
     global _LIBC
     if _LIBC is None:
@@ -168,6 +187,8 @@ def listener_in_netns(pid: int, port: int = PROXY_PORT) -> socket.socket:
             raise SandboxError(f"process {pid} shares the host's network namespace: no relay there")
     except OSError as e:
         raise SandboxError(f"the sandbox's network namespace is gone ({e})") from None
+    if os.geteuid() != 0:
+        return _listener_from_child(pid, port)
     out: dict[str, Any] = {}
 
     def enter_and_bind() -> None:
@@ -198,6 +219,64 @@ def listener_in_netns(pid: int, port: int = PROXY_PORT) -> socket.socket:
     if "error" in out:
         raise SandboxError(f"cannot open the egress relay in the sandbox: {out['error']}")
     sock: socket.socket = out["sock"]
+    return sock
+
+
+# Run by `python3 -I -S` as a child: joins the user namespace owning the target's network
+# namespace, then that namespace; binds; sends the socket back (SCM_RIGHTS) and exits.
+_CHILD = """
+import ctypes, fcntl, os, socket, sys
+pid, port, back = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+libc = ctypes.CDLL(None, use_errno=True)
+net = os.open("/proc/%d/ns/net" % pid, os.O_RDONLY)
+owner = fcntl.ioctl(net, 0xB701)
+for fd, kind in ((owner, 0x10000000), (net, 0x40000000)):
+    if libc.setns(fd, kind) != 0:
+        e = ctypes.get_errno()
+        sys.exit("setns: " + os.strerror(e))
+s = socket.socket()
+s.setsockopt(socket.IPPROTO_IP, 15, 1)
+s.bind(("127.0.0.1", port))
+s.listen(64)
+socket.send_fds(socket.socket(fileno=back), [b"ok"], [s.fileno()])
+"""
+
+
+def _listener_from_child(pid: int, port: int) -> socket.socket:
+    # stdlib only (Python >= 3.9): any python3 will do when ours is not this user's to run
+    python = sys.executable if os.access(sys.executable, os.X_OK) else shutil.which("python3")
+    if not python:
+        raise SandboxError("cannot open the egress relay in the sandbox: no python3 to run")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with ours:
+            try:
+                proc = subprocess.run(
+                    [python, "-I", "-S", "-c", _CHILD, str(pid), str(port)]
+                    + [str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),),
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                    env={"PATH": "/usr/bin:/bin"},
+                )
+            finally:
+                theirs.close()
+            if proc.returncode != 0:
+                raise SandboxError(
+                    "cannot open the egress relay in the sandbox (entering its namespaces as "
+                    f"this user failed): {proc.stderr.strip()[-300:]}"
+                )
+            ours.settimeout(5)
+            _, fds, _, _ = socket.recv_fds(ours, 16, 1)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise SandboxError(f"cannot open the egress relay in the sandbox: {e}") from None
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise SandboxError("cannot open the egress relay in the sandbox: no socket came back")
+    sock = socket.socket(fileno=fds[0])
+    sock.setblocking(False)
     return sock
 
 

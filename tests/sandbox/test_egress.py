@@ -14,9 +14,11 @@ refused by the proxy before it connects, which is what the test checks.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zipfile
@@ -26,7 +28,14 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import SandboxConfig, SandboxLimits, bwrap_egress, egress, open_sandbox
+from sandbox import (
+    SandboxConfig,
+    SandboxLimits,
+    bwrap_egress,
+    egress,
+    egress_firewall,
+    open_sandbox,
+)
 from sandbox.bwrap_backend import BwrapSandbox
 from sandbox.docker_backend import DockerSandbox
 from sandbox.netpolicy import EgressPolicy, PolicyError, parse_entry
@@ -371,6 +380,17 @@ def test_every_forbidden_path_is_refused(
         metadata = [x.rule for x in denied if "169.254" in x.host or "ffff" in x.host]
         assert metadata == ["deny: forbidden address 169.254.0.0/16"] * 2  # plain + v6-mapped
         assert peer.egress_records(t0) == []  # another sandbox's requests are not its own
+        if backend == "docker":  # the host firewall's refusals are recorded too
+            fw = [x for x in sb.egress_records(t0) if x.result == egress_firewall.RESULT]
+            gw = endpoint.gateway
+            assert {
+                ("TCP", gw, gw_tcp.port),
+                ("TCP", gw, 22),
+                ("TCP", peer.egress_address, 8000),
+                ("UDP", gw, gw_udp.port),
+                ("UDP", gw, 53),  # straight to the gateway, and the engine's resolver's
+            } <= {(x.method, x.host, x.port) for x in fw}, fw
+            assert all((x.allowed, x.rule) == (False, egress_firewall.RULE) for x in fw)
     finally:
         for p in probes:
             p.close()
@@ -475,30 +495,94 @@ def test_bwrap_relay_is_out_of_the_sandboxs_reach_and_bounded(
         s.bind((source, bwrap_egress.RESERVE_PORT))
 
 
-def test_bwrap_egress_without_root_is_refused_clearly(sandbox_rootfs: str) -> None:
-    """Unprivileged bubblewrap: the relay cannot enter the sandbox's namespace (owned by a
-    user namespace this user has no rights in), so the policy is refused, naming why."""
-    code = (
-        "from sandbox import SandboxConfig, SandboxLimits, open_sandbox\n"
-        "from sandbox.base import SandboxError\n"
-        "lim = SandboxLimits(network='allowlist', egress_allow=('pypi.org',))\n"
-        "try:\n"
-        "    open_sandbox(SandboxConfig(backend='bwrap', limits=lim)).close()\n"
-        "except SandboxError as e:\n"
-        "    print('refused:', e)\n"
+UNPRIVILEGED_SCRIPT = r"""
+import json, os, sys, time
+from sandbox import SandboxConfig, SandboxLimits, bwrap_egress, open_sandbox
+rootfs, index = sys.argv[1], int(sys.argv[2])
+lim = SandboxLimits(
+    memory_mb=1024,
+    network="allowlist",
+    egress_allow=("pypi.test:%d" % index, "127.0.0.1:%d" % index),
+    egress_hosts=("pypi.test=127.0.0.1",),
+)
+ep = bwrap_egress.endpoint_for(lim)
+out = {"uid": os.geteuid(), "state_dir": str(ep.state_dir)}
+try:
+    sb = open_sandbox(SandboxConfig(backend="bwrap", image=rootfs, limits=lim))
+    t0 = time.time()
+    sb.write_file("squat.py", "import socket\ntry:\n    socket.socket().bind(('127.0.0.1', 808))\n    print('bound')\nexcept OSError as e:\n    print(type(e).__name__)\n")
+    r = sb.exec(
+        "id -u; curl -s -o /dev/null -w '%%{http_code} ' http://pypi.test:%d/simple/;" % index
+        + " curl -s -o /dev/null -w '%{http_code} ' http://notallowed.test/;"
+        + " python3 squat.py; tail -n +3 /proc/net/dev | cut -d: -f1"
     )
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run(
+    out["exec"] = r.stdout.split()
+    time.sleep(0.3)
+    out["records"] = [
+        [x.host, x.status, x.allowed, x.rule, x.client == sb.egress_address]
+        for x in sb.egress_records(t0)
+    ]
+    sb.close()
+    out["closed"] = sb.tap.closed
+finally:
+    bwrap_egress.teardown(ep)
+print(json.dumps(out))
+"""
+
+
+def test_bwrap_egress_works_for_an_unprivileged_user(sandbox_rootfs: str, index: int) -> None:
+    """Unprivileged bubblewrap (uid 1000, user namespaces): a child process joins the user
+    namespace that owns the sandbox's network namespace, binds the listener and hands it
+    back; the user's own squid (its own state folder) relays and records the same way.
+
+    Run in a private mount namespace where the rootfs is bind-mounted where uid 1000 can
+    reach it, with the system python3 (root's interpreter is not uid 1000's to run)."""
+    python = "/usr/bin/python3"
+    site = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    probe = subprocess.run(
+        [python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
+    )
+    if probe.stdout.strip() != str(tuple(sys.version_info[:2])):
+        pytest.skip(
+            f"{python} is not Python {sys.version_info[:2]} (needed for the venv's packages)"
+        )
+    userns = subprocess.run(
         ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", "--"]
-        + [sys.executable, "-c", code],
-        cwd=root,
-        env={"PATH": "/usr/sbin:/usr/bin:/bin", "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
+        + ["bwrap", "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"],
         capture_output=True,
-        text=True,
-        timeout=60,
     )
-    assert proc.stdout.startswith("refused: network policy 'allowlist'"), proc.stdout + proc.stderr
-    assert "needs root" in proc.stdout and "docker backend" in proc.stdout
+    if userns.returncode != 0:
+        pytest.skip("unprivileged user namespaces are not available here")
+    folder = Path(tempfile.mkdtemp(prefix="sandflow-unpriv-"))  # pytest's folders are root's
+    try:
+        mnt, script = folder / "rootfs", folder / "script.py"
+        mnt.mkdir()
+        script.write_text(UNPRIVILEGED_SCRIPT)
+        for p in (folder, mnt, script):
+            p.chmod(0o755)
+        root = Path(__file__).resolve().parents[2]
+        env = f"PATH=/usr/sbin:/usr/bin:/bin HOME=/tmp PYTHONPATH={root}:{site / 'site-packages'}"
+        inner = (
+            f"mount --bind {sandbox_rootfs} {mnt} && exec env -i {env} setpriv --reuid=1000"
+            f" --regid=1000 --clear-groups -- {python} {script} {mnt} {index}"
+        )
+        proc = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
+            cwd="/tmp",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        shutil.rmtree(folder)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["uid"] == 1000 and out["state_dir"].startswith("/var/tmp/sandflow-egress-1000/")
+    assert out["exec"] == ["1000", "200", "403", "PermissionError", "lo"], out
+    records = {(r[0], r[1]): r[2:] for r in out["records"]}
+    assert records[("pypi.test", 200)] == [True, f"allow: pypi.test:{index}", True], out
+    assert records[("notallowed.test", 403)] == [False, "deny: not in allowlist", True], out
+    assert out["closed"] is True
 
 
 def test_episode_turns_carry_their_requests_into_the_egress_view(
