@@ -190,6 +190,40 @@ class EgressPolicy:
         return "deny: not in allowlist"
 
 
+NETWORK_MODES = ("none", "bridge", "host", "allowlist", "open")
+NETWORK_SYNTAX = (
+    "none | open | bridge | host | allowlist:ENTRIES, e.g. 'allowlist:pypi.org "
+    "*.pythonhosted.org:443' (entries: a hostname, *.domain, an IP or CIDR, each optionally "
+    ":PORTS such as 443, 80,443 or 8000-8010; separated by spaces or ';')"
+)
+
+
+def parse_network(spec: str) -> tuple[str, tuple[str, ...]]:
+    """One network-policy string (a flag, SANDFLOW_NETWORK, a config file, a task's
+    metadata) as (mode, allowlist entries), every entry checked; PolicyError names what is
+    wrong. The one parser of the syntax `SandboxLimits(network=...)` also accepts."""
+    text = spec.strip()
+    mode, sep, rest = text.partition(":")
+    mode = mode.strip()
+    if mode not in NETWORK_MODES:
+        raise PolicyError(
+            f"network {spec[:120]!r}: unknown policy {mode[:40]!r}; use {NETWORK_SYNTAX}"
+        )
+    entries = tuple(e for e in rest.replace(";", " ").split() if e)
+    if sep and mode != "allowlist":
+        raise PolicyError(
+            f"network {spec[:120]!r}: only 'allowlist' takes entries after ':' ({mode!r} does not)"
+        )
+    if mode == "allowlist" and not entries:
+        raise PolicyError(
+            f"network {spec[:120]!r}: name what the allowlist lets through, e.g. "
+            "'allowlist:pypi.org *.pythonhosted.org:443'"
+        )
+    if mode in ("allowlist", "open"):
+        EgressPolicy.build(mode, entries)
+    return mode, entries
+
+
 def squid_rules(policy: EgressPolicy) -> str:
     """The policy as squid `acl` / `http_access` lines (first match wins)."""
     # squid's cache manager (its own URLs) is no sandbox's business, whatever the mode

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -75,6 +75,19 @@ class Settings(BaseSettings):
         if path.is_file():
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
+
+    @field_validator("network")
+    @classmethod
+    def _network_policy(cls, value: str) -> str:
+        """The policy string checked where it is read (flag, SANDFLOW_NETWORK or the config
+        file), naming the bad entry (sandbox.netpolicy.parse_network: the one parser)."""
+        from sandbox.netpolicy import PolicyError, parse_network
+
+        try:
+            parse_network(value)
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
+        return value.strip()
 
     def public_dict(self) -> dict[str, Any]:
         """A dump safe to write anywhere: secrets are never included."""

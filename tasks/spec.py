@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandbox.base import SandboxConfig, SandboxLimits
+from sandbox.netpolicy import PolicyError, parse_network
 from tasks.loop import Limits
 from tasks.model import ModelConfig, api_key_from_env
 
@@ -75,6 +76,16 @@ class RunSpec(BaseModel):
     series: str | None = Field(
         None, description="the series this run continues (its report compares with the previous run)"
     )
+
+    @field_validator("network")
+    @classmethod
+    def _network_policy(cls, value: str) -> str:
+        """A bad policy string fails when the spec is built, naming the bad entry."""
+        try:
+            parse_network(value)
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
+        return value.strip()
 
     def to_model_config(self, *, with_key: bool = True) -> ModelConfig:
         """The agent loop's ModelConfig; the API key from this process's environment."""

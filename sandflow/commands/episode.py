@@ -16,6 +16,7 @@ from typing import Any
 
 import typer
 
+from sandflow.commands.network_option import network_option
 from sandflow.errors import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_USAGE, fail
 
 
@@ -27,12 +28,6 @@ class ModeChoice(StrEnum):
 class BackendChoice(StrEnum):
     docker = "docker"
     bwrap = "bwrap"
-
-
-class NetworkChoice(StrEnum):
-    none = "none"
-    bridge = "bridge"
-    host = "host"
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
@@ -215,7 +210,7 @@ def register(app: typer.Typer) -> None:
         exec_timeout: float | None = typer.Option(None, "--exec-timeout", min=1.0, help="Seconds per shell command (default: the sandbox's 120)."),
         request_timeout: float | None = typer.Option(None, "--request-timeout", min=1.0, help="Seconds per model request (default 120)."),
         backend: BackendChoice | None = typer.Option(None, "--backend", help="Sandbox backend (default docker)."),
-        network: NetworkChoice | None = typer.Option(None, "--network", help="Sandbox network (default none)."),
+        network: str | None = network_option(),
         image: str | None = typer.Option(None, "--image", help="Sandbox image tag (default: the sandflow image)."),
         logprobs: bool = typer.Option(False, "--logprobs", help="Request logprobs (and token ids from vLLM)."),
         extra_body: str | None = typer.Option(
@@ -280,7 +275,7 @@ def register(app: typer.Typer) -> None:
                 model=model, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
                 request_timeout_s=request_timeout,
                 backend=backend.value if backend else None,
-                network=network.value if network else None, image=image,
+                network=network, image=image,
             )
             spec = RunSpec(
                 task_set="adhoc", mode=mode.value, model=settings.model, base_url=settings.base_url,

@@ -20,6 +20,7 @@ from typing import Any
 
 import typer
 
+from sandflow.commands.network_option import network_option
 from sandflow.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REGRESSION, console, fail
 
 flows_app = typer.Typer(
@@ -41,9 +42,15 @@ _RUN_ID = typer.Option(..., "--run-id", "-r", help="The run to work on (printed 
 
 
 def _settings(**overrides: Any) -> Any:
+    from pydantic import ValidationError
+
     from sandflow.config import load_settings
 
-    return load_settings(**overrides)
+    try:
+        return load_settings(**overrides)
+    except ValidationError as exc:  # a bad SANDFLOW_* variable or sandflow.toml entry
+        err = exc.errors()[0]
+        _fail(f"invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}")
 
 
 def _quiet_prefect(verbose: bool) -> None:
@@ -303,6 +310,7 @@ def bench(
         help="Completion tokens per call (default SANDFLOW_MAX_TOKENS or 2048; 256 with the embedded model).",
     ),
     wall_clock_s: float = typer.Option(900.0, "--wall-clock", help="Seconds per episode, model and tools together."),
+    network: str = network_option(),
     warehouse: str = _WAREHOUSE,
     run_id: str = typer.Option(None, "--run-id", "-r", help="Resume this run (finished episodes are skipped)."),
     task_runner: str = typer.Option("thread", "--task-runner", help="thread (one process) | dask (a cluster)."),
@@ -335,10 +343,11 @@ def bench(
       sandflow bench --run-id smoke-20260101-020000-ab12     # resume
       sandflow bench --task-runner dask --dask-address tcp://10.0.0.5:8786
       sandflow bench --series nightly-qwen --fail-on-regression   # alert on a real drop
+      sandflow bench --network 'allowlist:pypi.org *.pythonhosted.org:443'   # pip works, nothing else
     """
     _isolate_from_terminal_signals()
     _quiet_prefect(verbose)
-    s = _settings(model=model, base_url=base_url, warehouse=warehouse)
+    s = _settings(model=model, base_url=base_url, warehouse=warehouse, network=network)
     from sandflow.commands.progress import RichEpisodeProgress
 
     console = _console()
@@ -493,6 +502,7 @@ def cmd_run(
     max_model_calls: int = typer.Option(None, "--max-model-calls", min=1),
     max_steps: int = typer.Option(30, "--max-steps", min=1),
     wall_clock_s: float = typer.Option(900.0, "--wall-clock"),
+    network: str = network_option(),
     retries: int = typer.Option(2, "--retries", min=0, help="Retries of an episode after an infrastructure failure."),
     warehouse: str = _WAREHOUSE,
     run_id: str = typer.Option(None, "--run-id", "-r", help="Resume this run id (or name a new one)."),
@@ -517,7 +527,7 @@ def cmd_run(
     from sandflow.commands.progress import RichEpisodeProgress
     from tasks.spec import RunSpec
 
-    s = _settings(model=model, base_url=base_url, warehouse=warehouse)
+    s = _settings(model=model, base_url=base_url, warehouse=warehouse, network=network)
     _check_run_free(str(s.warehouse), run_id, wait)
     spec = RunSpec(
         task_set=task_set,
