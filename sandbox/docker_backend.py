@@ -325,7 +325,7 @@ class DockerSandbox(HelperSandbox):
             return []
         since = max(since, self._created_at)  # the engine reuses a removed sandbox's address
         policy = egress.policy_of(self.config.limits)
-        return egress.read_records(
+        return egress.records_for(
             self.egress, policy, self.egress_address, since, until, self._egress_cursor
         )
 

@@ -28,6 +28,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandbox import egress_firewall
 from sandbox.base import SandboxError
 from sandbox.netpolicy import EgressPolicy, squid_rules
 
@@ -50,6 +52,13 @@ MAX_LOG_BYTES = 64 << 20  # the most of one access log read per call
 MAX_RECORDS = 10_000  # per sandbox and window
 MAX_FIELD = 2048
 START_TIMEOUT_S = 20.0
+# the shared download cache (per policy): disk, under the policy's state folder
+CACHE_MB = int(os.environ.get("SANDFLOW_EGRESS_CACHE_MB", "8192"))  # 0: no cache
+MAX_OBJECT_MB = 2048  # the largest file cached (CUDA wheels approach 2 GB)
+# package files are named by their version: a URL ending so is treated as unchanged for a day
+PACKAGE_FILES = (
+    r"\.(whl|tar\.gz|tgz|tar\.bz2|tar\.xz|zip|egg|deb|udeb|rpm|conda|gem|crate|jar)(\?.*)?$"
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,7 @@ def unavailable() -> str | None:
         return "the egress proxy needs iptables on the docker host"
     if os.geteuid() != 0:
         return "the egress proxy (host firewall rules, squid on the docker bridge) needs root"
-    return None
+    return egress_firewall.unavailable()
 
 
 def _rules(bridge: str, gateway: str, port: int) -> list[list[str]]:
@@ -117,8 +126,11 @@ def _rules(bridge: str, gateway: str, port: int) -> list[list[str]]:
             "-j",
             "ACCEPT",
         ],
+        # what the next rules refuse is logged first (rate-limited; egress_firewall.py)
+        egress_firewall.log_rule(bridge, "INPUT"),
         ["iptables", "INPUT", "-i", bridge, "-p", "tcp", *rej_tcp],
         ["iptables", "INPUT", "-i", bridge, "-j", "REJECT"],
+        egress_firewall.log_rule(bridge, "DOCKER-USER"),
         ["iptables", "DOCKER-USER", "-i", bridge, "-p", "tcp", *rej_tcp],
         ["iptables", "DOCKER-USER", "-i", bridge, "-j", "REJECT"],
         ["iptables", "DOCKER-USER", "-o", bridge, "-j", "REJECT"],
@@ -128,17 +140,60 @@ def _rules(bridge: str, gateway: str, port: int) -> list[list[str]]:
 
 
 def _install_rules(bridge: str, gateway: str, port: int) -> None:
-    rules = _rules(bridge, gateway, port)
+    rules = [r for r in _rules(bridge, gateway, port) if shutil.which(r[0]) is not None]
+    present = [_run([t, "-C", c, *spec], check=False).returncode == 0 for t, c, *spec in rules]
+    if any(present) and not all(present):
+        _reinstall_rules(bridge, gateway, port)
+        return
     # insert in reverse at position 1 of each chain: the first rule ends up first
-    for tool, chain, *spec in reversed(rules):
-        if shutil.which(tool) is None:
-            continue
-        if _run([tool, "-C", chain, *spec], check=False).returncode == 0:
+    for (tool, chain, *spec), there in zip(reversed(rules), reversed(present), strict=True):
+        if there:
             continue
         if chain == "DOCKER-USER" and _run([tool, "-L", chain, "-n"], check=False).returncode != 0:
             _run([tool, "-N", chain])
             _run([tool, "-I", "FORWARD", "1", "-j", chain])
         _run([tool, "-I", chain, "1", *spec])
+
+
+def _reinstall_rules(bridge: str, gateway: str, port: int) -> None:
+    """Rules of an older layout (set up by an earlier version) replaced in order, with no
+    moment where the bridge is open: a blanket refusal goes first and leaves last."""
+    guards = [
+        [
+            "iptables",
+            "INPUT",
+            "-i",
+            bridge,
+            "-j",
+            "REJECT",
+            "--reject-with",
+            "icmp-admin-prohibited",
+        ],
+        [
+            "iptables",
+            "DOCKER-USER",
+            "-i",
+            bridge,
+            "-j",
+            "REJECT",
+            "--reject-with",
+            "icmp-admin-prohibited",
+        ],
+    ]
+    for tool, chain, *spec in guards:
+        _run([tool, "-I", chain, "1", *spec])
+    try:
+        for tool, chain, *spec in _rules(bridge, gateway, port):
+            if shutil.which(tool) is None:
+                continue
+            while _run([tool, "-C", chain, *spec], check=False).returncode == 0:
+                _run([tool, "-D", chain, *spec], check=False)
+        for tool, chain, *spec in reversed(_rules(bridge, gateway, port)):
+            if shutil.which(tool) is not None:
+                _run([tool, "-I", chain, "1", *spec])
+    finally:
+        for tool, chain, *spec in guards:
+            _run([tool, "-D", chain, *spec], check=False)
 
 
 def _remove_rules(bridge: str, gateway: str, port: int) -> None:
@@ -166,16 +221,45 @@ def _squid_conf(
         "shutdown_lifetime 1 seconds",
         "forwarded_for delete",
         "httpd_suppress_version_string on",
-        # no cache: squid 5's memory cache served this machine's wheels back empty (see
-        # docs/sandbox.md); a shared download cache is future work
-        "cache deny all",
-        "cache_mem 8 MB",
+        *_cache_conf(ep_dir),
         # read ahead of a slow client far enough that a download streams (default 16 KB)
         "read_ahead_gap 4 MB",
     ]
     if hosts_file is not None:
         conf.append(f"hosts_file {hosts_file}")
     return "\n".join(c for c in conf if c) + "\n" + squid_rules(policy)
+
+
+def _cache_conf(ep_dir: Path) -> list[str]:
+    """The shared download cache: one disk store per policy, hits for every sandbox of it.
+
+    Why every revalidation is a full fetch (the conditional headers are removed from what
+    squid sends upstream): squid 5.7 applies a 304 reply's `Content-Length` to the stored
+    object (squid bug 5538), and servers such as Python's wsgiref (pypiserver's default)
+    send `Content-Length: 0` with a 304, so the next hit served the cached wheel with
+    zero bytes (pip: hash mismatch). Any client can force a revalidation (`Cache-Control:
+    max-age=0`), so without this one sandbox could empty a file for all the others.
+    Nothing private is shared: requests with credentials or cookies, and replies that set
+    a cookie, are not stored."""
+    if CACHE_MB <= 0:
+        return ["cache deny all", "cache_mem 8 MB"]
+    return [
+        f"cache_dir aufs {ep_dir}/cache {CACHE_MB} 16 256",
+        f"maximum_object_size {MAX_OBJECT_MB} MB",
+        "cache_mem 64 MB",
+        "maximum_object_size_in_memory 1 MB",
+        "collapsed_forwarding on",  # concurrent misses of one URL: one upstream fetch
+        "request_header_access If-Modified-Since deny all",
+        "request_header_access If-None-Match deny all",
+        "acl sf_credentials req_header Authorization .",
+        "acl sf_cookie req_header Cookie .",
+        "acl sf_sets_cookie rep_header Set-Cookie .",
+        "cache deny sf_credentials",
+        "cache deny sf_cookie",
+        "store_miss deny sf_sets_cookie",
+        f"refresh_pattern -i {PACKAGE_FILES} 1440 100% 525600 override-lastmod",
+        "refresh_pattern . 0 20% 4320",
+    ]
 
 
 def _pid_alive(pid_file: Path) -> bool:
@@ -233,6 +317,10 @@ def ensure(api: Any, policy: EgressPolicy, hosts: dict[str, str] | None = None) 
         if not gateway:
             raise SandboxError(f"egress network {name}: the engine gave it no gateway address")
         gateway = gateway.split("/")[0]
+        try:
+            egress_firewall.ensure_logger(STATE_ROOT)
+        except RuntimeError as exc:
+            raise SandboxError(f"network policy {policy.mode!r}: {exc}") from None
         _install_rules(bridge, gateway, PROXY_PORT)
         if not _pid_alive(ep_dir / "squid.pid"):
             start_squid(policy, ep_dir, gateway, PROXY_PORT, hosts)
@@ -268,10 +356,33 @@ def start_squid(
         for f in ("access.log", "cache.log"):
             os.chown(ep_dir / f, proxy.pw_uid, proxy.pw_gid)
         os.chown(ep_dir, proxy.pw_uid, proxy.pw_gid)
-    _run(["squid", "-f", str(ep_dir / "squid.conf")])
+    service = squid_service(ep_dir)
+    for stale in Path("/dev/shm").glob(f"{service}-*"):  # left by a squid of ours that died
+        stale.unlink(missing_ok=True)  # (the caller holds the lock and its pid is gone)
+    if CACHE_MB > 0 and not (ep_dir / "cache" / "00").is_dir():
+        _init_cache(ep_dir, service)
+    _run(["squid", "-n", service, "-f", str(ep_dir / "squid.conf")])
     if not _wait_listening(address, port, START_TIMEOUT_S):
         tail = (ep_dir / "cache.log").read_text(errors="replace")[-600:]
         raise SandboxError(f"egress proxy in {ep_dir} did not start: {tail}")
+
+
+def squid_service(ep_dir: Path) -> str:
+    """squid's service name for the proxy in `ep_dir`: it names the shared-memory segments
+    (collapsed forwarding, the cache's index), so every squid on the host needs its own."""
+    return "sf" + re.sub(r"[^A-Za-z0-9]", "", ep_dir.name)[:30]
+
+
+def _init_cache(ep_dir: Path, service: str) -> None:
+    """Create the cache store's folders (`squid -z`, in the foreground) before the start."""
+    cache = ep_dir / "cache"
+    cache.mkdir(exist_ok=True)
+    with contextlib.suppress(KeyError, OSError):
+        import pwd
+
+        proxy = pwd.getpwnam("proxy")
+        os.chown(cache, proxy.pw_uid, proxy.pw_gid)
+    _run(["squid", "-n", service, "-N", "-z", "-f", str(ep_dir / "squid.conf")])
 
 
 def teardown(api: Any, endpoint: Endpoint) -> None:
@@ -382,13 +493,16 @@ class LogCursor:
     what was logged since (not the whole log, which every sandbox of the policy shares)."""
 
     pos: int = 0
+    firewall_pos: int = 0  # in the firewall's log of refusals (egress_firewall.py)
 
     @classmethod
     def at_end(cls, endpoint: Endpoint) -> LogCursor:
-        try:
-            return cls((endpoint.state_dir / "access.log").stat().st_size)
-        except OSError:
-            return cls(0)
+        cursor = cls(0)
+        with contextlib.suppress(OSError):
+            cursor.pos = (endpoint.state_dir / "access.log").stat().st_size
+        with contextlib.suppress(OSError):
+            cursor.firewall_pos = egress_firewall.log_path(STATE_ROOT).stat().st_size
+        return cursor
 
 
 def read_records(
@@ -435,6 +549,60 @@ def read_records(
     if cursor is not None:
         cursor.pos = pos
     return out
+
+
+def firewall_records(
+    endpoint: Endpoint,
+    client: str,
+    since: float,
+    until: float | None = None,
+    cursor: LogCursor | None = None,
+) -> list[EgressRecord]:
+    """The direct connections of address `client` that the host firewall refused in
+    [since, until) (docker backend), as denied records: protocol in `method`, the address
+    and port tried in `host` / `port`, the packet's length in `bytes_out`."""
+    if not endpoint.network.startswith(NETWORK_PREFIX):
+        return []  # not a docker egress network: no firewall of ours in front of it
+    bridge = BRIDGE_PREFIX + endpoint.network[len(NETWORK_PREFIX) :]
+    at = [cursor.firewall_pos if cursor is not None else 0]
+    found = egress_firewall.read(
+        egress_firewall.log_path(STATE_ROOT), bridge, client, since, until, at
+    )
+    if cursor is not None:
+        cursor.firewall_pos = at[0]
+    return [
+        EgressRecord(
+            time=r.time,
+            client=r.client,
+            method=r.protocol,
+            host=r.dest,
+            port=r.port,
+            url="",
+            status=0,
+            bytes_out=r.length,
+            bytes_in=0,
+            result=egress_firewall.RESULT,
+            server="-",
+            allowed=False,
+            rule=egress_firewall.RULE,
+        )
+        for r in found
+    ]
+
+
+def records_for(
+    endpoint: Endpoint,
+    policy: EgressPolicy,
+    client: str,
+    since: float,
+    until: float | None = None,
+    cursor: LogCursor | None = None,
+) -> list[EgressRecord]:
+    """Everything address `client` tried in [since, until): the proxy's requests and the
+    firewall's refusals, in time order."""
+    found = read_records(endpoint, policy, client, since, until, cursor)
+    found += firewall_records(endpoint, client, since, until, cursor)
+    return sorted(found, key=lambda r: r.time)[:MAX_RECORDS]
 
 
 def policy_of(limits: Any) -> EgressPolicy:

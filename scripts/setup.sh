@@ -80,6 +80,7 @@ apt_install() {  # apt_install PKG... (only the missing ones)
 # 1. System packages. In the foreground: python3.11-doc can upgrade the interpreter the
 #    venv and the pip steps run on. Chromium (tests only) goes in the background.
 PKGS=(bubblewrap slirp4netns debootstrap squid)  # squid: the egress proxy (network allowlist)
+PKGS+=(ulogd2 ulogd2-json)  # the egress firewall's refusals, recorded (sandbox/egress_firewall.py)
 PKGS+=(python3.11-doc)  # datasets: Python docs as long-context documents
 if [ $WITH_ENGINE = 1 ] && ! command -v dockerd >/dev/null 2>&1 && ! timeout 10 docker info >/dev/null 2>&1; then
   PKGS+=(docker.io)

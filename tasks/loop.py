@@ -478,7 +478,7 @@ class _Episode:
                 method=r.method,
                 host=r.host,
                 port=r.port,
-                url=None if r.method == "CONNECT" else r.url,
+                url=r.url if r.url and r.method != "CONNECT" else None,
                 status=r.status or None,
                 bytes_out=r.bytes_out,
                 bytes_in=r.bytes_in,

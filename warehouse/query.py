@@ -292,7 +292,9 @@ READY_VIEWS: dict[str, str] = {
     """,
     # one row per request through the egress proxy, with the turn it ended in
     "egress": """
-        SELECT run_id, episode_id, turn_index, unnest(e)
+        SELECT run_id, episode_id, turn_index, unnest(e),
+               coalesce(e.result LIKE '%HIT%' OR e.result = 'TCP_REFRESH_UNMODIFIED', false)
+                   AS cache_hit
         FROM (SELECT run_id, episode_id, turn_index, unnest(egress) AS e
               FROM turns WHERE egress IS NOT NULL)
     """,
@@ -466,7 +468,9 @@ VIEW_HELP: dict[str, str] = {
     "usage": "capability labels per tool call (newest batch per episode x labeler)",
     "partial_turns": "turns still in journals (live / orphaned / recovered episodes)",
     "egress": "one row per request through the egress proxy (network allowlist/open): time, "
-    "host, port, method, URL, status, bytes each way, allowed or denied with the rule, turn",
+    "host, port, method, URL, status, bytes each way, allowed or denied with the rule, turn, "
+    "cache_hit (served from the shared download cache); the firewall's refusals of direct "
+    "connections too (method TCP/UDP, result FIREWALL_REFUSED)",
     "tool_calls": "one row per tool call with its observation: command, exit code, time-out, duration",
     "accuracy": "accuracy by run x model x domain x mode (newest score per episode; infra failures apart)",
     "accuracy_by_verifier": "the same per verifier (e.g. after re-scoring with another one)",

@@ -1,0 +1,302 @@
+"""The egress firewall's refusals, recorded (docker backend, network allowlist / open).
+
+A direct connection from a sandbox (raw TCP to an address, UDP, DNS to a resolver) never
+reaches the proxy: the host firewall rejects it (sandbox/egress.py). So that it is still
+seen, the firewall also hands each refused packet's headers to netfilter's log (an iptables
+`NFLOG` rule just before the rejecting ones), and one logging daemon per host, Debian's
+`ulogd2` (the netfilter project's own; operators already run it), writes them as JSON
+lines to FIREWALL_LOG. The episode's reader attributes a line to a sandbox by its
+source address on the policy's bridge, exactly as it does the proxy's access log.
+
+Bounded on every side, because a hostile sandbox controls how many packets it sends:
+- the kernel logs at most LOG_PER_SOURCE per second per source address (burst
+  LOG_BURST) and LOG_PER_POLICY per second per policy's bridge; what is over the limit
+  is still refused, only not logged, and counted: `counts()` reads the rules' packet
+  counters (refused vs logged), so a report can say how many refusals went unrecorded;
+- only the first SNAP_BYTES of a packet are copied to the daemon (headers, no payload);
+- the reader reads at most MAX_READ_BYTES per call from its cursor, skips a line longer
+  than MAX_LINE, bounds every field, and returns at most MAX_RECORDS.
+The header fields come from the sandbox's packets, but its source address cannot be
+forged: sandboxes have no CAP_NET_RAW, and the line's interface and prefix are the
+kernel's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+NFLOG_GROUP = int(os.environ.get("SANDFLOW_EGRESS_NFLOG_GROUP", "31413"))
+SNAP_BYTES = 128  # copied per packet: IPv4 + TCP/UDP headers, never the payload
+LOG_PER_SOURCE = "5/second"
+LOG_BURST = 20
+LOG_PER_POLICY = "50/second"
+LOG_POLICY_BURST = 100
+MAX_READ_BYTES = 16 << 20  # per read call
+MAX_LINE = 4096
+MAX_RECORDS = 10_000
+RULE = "deny: direct connection (firewall)"
+RESULT = "FIREWALL_REFUSED"
+_PROTOCOLS = {1: "ICMP", 6: "TCP", 17: "UDP", 58: "ICMPV6", 132: "SCTP"}
+
+
+def state_dir(root: Path) -> Path:
+    return root / "firewall"
+
+
+def log_path(root: Path) -> Path:
+    """The one JSON-lines file every policy's refusals go to (the daemon is per host)."""
+    return state_dir(root) / "refused.json"
+
+
+def unavailable() -> str | None:
+    if shutil.which("ulogd") is None or not _plugin_dir():
+        return (
+            "recording the egress firewall's refusals needs Debian's ulogd2 and ulogd2-json: "
+            "`apt-get install -y ulogd2 ulogd2-json` (or scripts/setup.sh)"
+        )
+    return None
+
+
+def _plugin_dir() -> str | None:
+    for d in sorted(glob.glob("/usr/lib/*/ulogd")) + ["/usr/lib/ulogd"]:
+        if os.path.exists(os.path.join(d, "ulogd_output_JSON.so")):
+            return d
+    return None
+
+
+def log_rule(bridge: str, chain: str) -> list[str]:
+    """The NFLOG rule for packets arriving from `bridge` that the next rules refuse:
+    rate-limited per source and per bridge, headers only, prefixed with the bridge's name."""
+    return [
+        "iptables",
+        chain,
+        "-i",
+        bridge,
+        "-m",
+        "hashlimit",
+        "--hashlimit-upto",
+        LOG_PER_SOURCE,
+        "--hashlimit-burst",
+        str(LOG_BURST),
+        "--hashlimit-mode",
+        "srcip",
+        "--hashlimit-name",
+        bridge.replace("-", "")[:15],
+        "-m",
+        "limit",
+        "--limit",
+        LOG_PER_POLICY,
+        "--limit-burst",
+        str(LOG_POLICY_BURST),
+        "-j",
+        "NFLOG",
+        "--nflog-group",
+        str(NFLOG_GROUP),
+        "--nflog-prefix",
+        bridge,
+        "--nflog-size",
+        str(SNAP_BYTES),
+    ]
+
+
+def _conf(root: Path) -> str:
+    plugins = _plugin_dir() or "/usr/lib/x86_64-linux-gnu/ulogd"
+    d = state_dir(root)
+    names = ("inppkt_NFLOG", "raw2packet_BASE", "filter_IFINDEX", "filter_IP2STR", "output_JSON")
+    lines = ["[global]", f'logfile="{d}/ulogd.log"', "loglevel=5"]
+    lines += [f'plugin="{plugins}/ulogd_{n}.so"' for n in names]
+    lines += [
+        "stack=log1:NFLOG,base1:BASE,ifi1:IFINDEX,ip2str1:IP2STR,json1:JSON",
+        "",
+        "[log1]",
+        f"group={NFLOG_GROUP}",
+        "",
+        "[json1]",
+        "sync=1",
+        f'file="{log_path(root)}"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "ulogd"
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_logger(root: Path) -> None:
+    """The host's logging daemon for the firewall's refusals, started on first use (an
+    flock makes concurrent starters wait). Like squid it outlives the process; idle it is
+    one sleeping process. Raises RuntimeError naming why it could not start."""
+    d = state_dir(root)
+    d.mkdir(parents=True, exist_ok=True)
+    pid_file = d / "ulogd.pid"
+    with open(d / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _alive(pid_file):
+            return
+        (d / "ulogd.conf").write_text(_conf(root))
+        log_path(root).touch()
+        proc = subprocess.run(
+            ["ulogd", "-d", "-c", str(d / "ulogd.conf"), "-p", str(pid_file)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        for _ in range(50):
+            if _alive(pid_file):
+                return
+            time.sleep(0.1)
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = (d / "ulogd.log").read_text(errors="replace")[-400:]
+        raise RuntimeError(
+            f"the firewall's logger (ulogd) did not start: {proc.stderr.strip()[:300]} {tail}"
+        )
+
+
+def stop_logger(root: Path) -> None:
+    """Stop the host's logging daemon (nothing else uses it)."""
+    pid_file = state_dir(root) / "ulogd.pid"
+    if not _alive(pid_file):
+        return
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 15)
+        for _ in range(50):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+
+
+@dataclass
+class Refusal:
+    """One refused packet from the firewall's log (every field bounded)."""
+
+    time: float
+    bridge: str
+    client: str
+    protocol: str
+    dest: str
+    port: int
+    length: int
+
+
+def _text(v: Any, limit: int = 64) -> str:
+    return v[:limit] if isinstance(v, str) else ""
+
+
+def _num(v: Any) -> int:
+    return max(0, min(v, 1 << 31)) if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _time(obj: dict[str, Any]) -> float | None:
+    sec, usec = obj.get("oob.time.sec"), obj.get("oob.time.usec")
+    if isinstance(sec, int) and not isinstance(sec, bool) and 0 < sec < 1 << 40:
+        return sec + (_num(usec) % 1_000_000) / 1e6
+    stamp = obj.get("timestamp")
+    if isinstance(stamp, str) and len(stamp) <= 40:
+        with contextlib.suppress(ValueError):
+            return datetime.fromisoformat(stamp).timestamp()
+    return None
+
+
+def _address(v: Any) -> str:
+    text = _text(v, 64)
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return ""
+
+
+def parse(line: bytes) -> Refusal | None:
+    """One JSON line of the daemon's, or None when it is not a refusal we can read."""
+    if len(line) > MAX_LINE:
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    t = _time(obj)
+    client = _address(obj.get("src_ip"))
+    if t is None or not client:
+        return None
+    proto = _num(obj.get("ip.protocol"))
+    return Refusal(
+        time=t,
+        bridge=_text(obj.get("oob.prefix"), 32),
+        client=client,
+        protocol=_PROTOCOLS.get(proto, f"IP/{proto}"),
+        dest=_address(obj.get("dest_ip")) or "-",
+        port=port if (port := _num(obj.get("dest_port"))) <= 65535 else 0,
+        length=_num(obj.get("ip.totlen")),
+    )
+
+
+def read(
+    path: Path, bridge: str, client: str, since: float, until: float | None, cursor: list[int]
+) -> list[Refusal]:
+    """The refusals logged for `client` on `bridge` in [since, until), from `cursor[0]`
+    on (moved past the lines logged before `since`, as the access log's reader does)."""
+    try:
+        size = path.stat().st_size
+        start = cursor[0] if cursor[0] <= size else 0  # a smaller file: it was replaced
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(MAX_READ_BYTES)
+    except OSError:
+        return []
+    out: list[Refusal] = []
+    pos, advance = start, True
+    for raw in data.splitlines(keepends=True):
+        if not raw.endswith(b"\n"):
+            break  # the daemon is still writing this line
+        rec = parse(raw)
+        if rec is not None and rec.time >= since:
+            advance = False  # a later call (since only moves forward) may want this line
+        if advance:
+            pos += len(raw)
+        if rec is None or rec.bridge != bridge or rec.client != client or rec.time < since:
+            continue
+        if until is not None and rec.time >= until:
+            continue
+        if len(out) < MAX_RECORDS:
+            out.append(rec)
+    cursor[0] = pos
+    return out
+
+
+def counts(bridge: str) -> dict[str, int]:
+    """Packets from `bridge` the firewall refused, and how many of them it logged (the
+    rest went over the log's rate limit: refused all the same, not recorded)."""
+    refused = logged = 0
+    for chain in ("INPUT", "DOCKER-USER"):
+        proc = subprocess.run(
+            ["iptables", "-L", chain, "-v", "-x", "-n"], capture_output=True, text=True, timeout=30
+        )
+        for line in proc.stdout.splitlines():
+            cols = line.split()
+            if len(cols) < 7 or bridge not in cols[5:7] or not cols[0].isdigit():
+                continue
+            if cols[2] == "NFLOG":
+                logged += int(cols[0])
+            elif cols[2] == "REJECT" and cols[5] == bridge:  # from the bridge, not to it
+                refused += int(cols[0])
+    return {"refused": refused, "logged": logged, "not_logged": max(0, refused - logged)}
