@@ -110,7 +110,7 @@ def ensure(policy: Any, hosts: dict[str, str] | None = None) -> egress.Endpoint:
         port = 0
         with contextlib.suppress(OSError, ValueError):
             port = int(port_file.read_text().strip())
-        if not port or not egress._pid_alive(ep_dir / "squid.pid"):
+        if not port or not _squid_running(ep_dir):
             for attempt in range(3):  # a free port can be taken between our look and squid's bind
                 port = _free_port()
                 port_file.write_text(str(port))
@@ -122,6 +122,17 @@ def ensure(policy: Any, hosts: dict[str, str] | None = None) -> egress.Endpoint:
                     if attempt == 2:
                         raise
     return egress.Endpoint("host-loopback", "127.0.0.1", port, ep_dir)
+
+
+def _squid_running(ep_dir: Path) -> bool:
+    """The squid of `ep_dir` runs: its pid file names a live process that is that squid (not
+    a process that got the pid of one that died: requests would then go nowhere)."""
+    try:
+        pid = int((ep_dir / "squid.pid").read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return False
+    return b"squid" in cmdline and str(ep_dir / "squid.conf").encode() in cmdline
 
 
 def endpoint_for(limits: Any) -> egress.Endpoint:
