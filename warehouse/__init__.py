@@ -11,8 +11,9 @@ API (everything below is importable from ``warehouse``)::
     wh.finish_run(run_id, status="finished")  # running | finished | failed | interrupted
 
     # Episodes (the agent loop): EpisodeWriter implements tasks.records.Recorder
-    rec = wh.writer()        # thread-safe; durability "turn" (default: flushed at once, fsynced
-                             # in the background, at most the last turn at risk), "sync", "flush"
+    rec = wh.writer()        # thread-safe; durability "turn" (default: written at once, fsynced
+                             # in the background by group commit; an OS crash takes at most
+                             # the last 4 records of an open episode), "sync", "flush"
     rec.start_episode(ep); rec.record_turn(turn); ...; rec.finish_episode(ep)
     rec.close()                                # unfinished episodes stay as orphans
 

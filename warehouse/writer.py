@@ -39,15 +39,27 @@ class _Open:
 class EpisodeWriter:
     """Recorder writing to the warehouse at `root`; one instance may serve many threads.
 
-    Durability (every mode: a killed process loses nothing that record_turn accepted):
+    Durability: what survives what, exactly.
 
-    - "turn" (default): each turn is written and flushed before record_turn returns, and
-      fdatasync'ed by a background thread; the next turn waits for that sync. A power cut
-      loses at most the last turn (the one in flight). The Parquet files are fsynced
-      before the journal is deleted.
-    - "sync": the fdatasync happens inside record_turn (the caller waits for the disk).
-    - "flush": never waits for the disk: a kernel crash or power cut may lose recent
-      writes; for bulk imports, tests and benchmarks.
+    - kill -9, the OOM killer, a crash of Python (every mode): nothing `record_turn` or
+      `start_episode` returned from is lost. Each record is handed to the kernel with one
+      ``write()`` before the call returns, and the page cache outlives the process; the
+      next run recovers the orphaned journal (its turns, as an `interrupted` episode).
+      An episode `finish_episode` returned from is committed (its Parquet files renamed
+      into place).
+    - an OS crash or power cut:
+      - "turn" (default): at most the last 4 records (journal.MAX_UNSYNCED) of each
+        episode still open are lost, normally only those written in the last few
+        milliseconds. A background syncer fdatasyncs every journal written since its
+        previous pass (group commit: one pass serves all episodes of the process, 2 ms
+        after the first write plus the disk's sync time); record_turn never waits for it
+        unless 4 lines of the episode are still pending (a disk that cannot keep up slows
+        the loop instead of widening the loss). A finished episode's Parquet files (and
+        their directory entries) are fsynced before `finish_episode` returns, and only
+        then is its journal deleted.
+      - "sync": nothing accepted is lost (fdatasync inside every record_turn).
+      - "flush": recent turns and finished episodes may be lost (nothing waits for the
+        disk); for bulk imports, tests and benchmarks.
     """
 
     def __init__(self, root: Path | str, *, durability: Durability = "turn") -> None:
