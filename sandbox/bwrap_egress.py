@@ -370,7 +370,7 @@ class _Relay:
     def __init__(self) -> None:
         self.sel: selectors.BaseSelector | None = None
         self.inbox: queue.SimpleQueue[tuple[str, Tap, threading.Event | None]] = queue.SimpleQueue()
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entrant: a signal handler may close a sandbox
         self.wake_r: socket.socket | None = None
         self.wake_w: socket.socket | None = None
         self.thread: threading.Thread | None = None
