@@ -553,6 +553,8 @@ def test_bwrap_egress_works_for_an_unprivileged_user(sandbox_rootfs: str, index:
     )
     if userns.returncode != 0:
         pytest.skip("unprivileged user namespaces are not available here")
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here (unshare -m) to lend the rootfs to uid 1000")
     folder = Path(tempfile.mkdtemp(prefix="sandflow-unpriv-"))  # pytest's folders are root's
     try:
         mnt, script = folder / "rootfs", folder / "script.py"
