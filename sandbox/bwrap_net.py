@@ -178,5 +178,5 @@ def read_child_pid(info_r: int, proc: subprocess.Popen[bytes], timeout: float = 
             break
     raise SandboxError(
         f"bwrap did not report its sandbox's pid (status {proc.poll()}, info {buf[:200]!r}); "
-        "cannot attach the 'bridge' network"
+        "cannot attach its network (policy 'bridge', 'allowlist' or 'open')"
     )
