@@ -224,6 +224,9 @@ def _squid_conf(
         *_cache_conf(ep_dir),
         # read ahead of a slow client far enough that a download streams (default 16 KB)
         "read_ahead_gap 4 MB",
+        # a socket buffer of 1 MB: a tunnel's reads are whole 64 KB chunks (squid's size)
+        # instead of 64 KB + the rest of ~93 KB, a quarter fewer reads and waits per byte
+        "tcp_recv_bufsize 1 MB",
     ]
     if hosts_file is not None:
         conf.append(f"hosts_file {hosts_file}")
