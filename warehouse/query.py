@@ -58,6 +58,7 @@ from typing import Any, TypeVar
 import duckdb
 import pyarrow as pa
 
+from warehouse.digest import DIGESTED_TABLES, plan_partition
 from warehouse.journal import is_live, read_journal
 from warehouse.layout import Layout
 from warehouse.recovery import recovered_journals
@@ -210,10 +211,11 @@ def _project(table: str, name: str, have: set[str]) -> str:
     return _null_col(table, name)
 
 
-def projected_source(table: str, files: list[FileInfo]) -> str:
+def projected_source(table: str, files: list[FileInfo], with_filename: bool = False) -> str:
     """SQL reading `files` as rows of `table`'s current schema (in that column order).
 
     Files sharing a column list form one plain read_parquet; groups are UNION ALL'ed.
+    `with_filename` adds each row's file path as a last column, ``filename``.
     """
     names = schema_for(table).names
     groups: dict[tuple[str, ...], list[FileInfo]] = {}
@@ -224,7 +226,10 @@ def projected_source(table: str, files: list[FileInfo]) -> str:
         have = set(columns)
         proj = ", ".join(_project(table, n, have) for n in names)
         paths = ", ".join(_sql_str(str(f.path)) for f in members)
-        parts.append(f"SELECT {proj} FROM read_parquet([{paths}], hive_partitioning = false)")
+        fn = (", filename", ", filename = true") if with_filename else ("", "")
+        parts.append(
+            f"SELECT {proj}{fn[0]} FROM read_parquet([{paths}], hive_partitioning = false{fn[1]})"
+        )
     return " UNION ALL ".join(parts)
 
 
@@ -515,6 +520,7 @@ class WarehouseQuery:
         memory_limit: str | None = None,
         tables: tuple[str, ...] | None = None,
         host_files: bool = False,
+        digests: bool = True,
     ) -> None:
         self.layout = Layout(root)
         if not self.layout.root.is_dir():
@@ -529,6 +535,12 @@ class WarehouseQuery:
         # Only these tables' files are read (others look empty): a cheap connection for
         # callers that need one table, e.g. done_keys on a large uncompacted run.
         self.tables = tuple(tables) if tables else TABLES
+        # Uncompacted runs' small files are read through digests (warehouse.digest);
+        # digests=False reads every file itself (`sandflow warehouse check` does).
+        self.digests = digests
+        self._digest_con: duckdb.DuckDBPyConnection | None = None
+        self._digest_sources: dict[Path, list[str]] = {}  # digest -> names it must leave out
+        self._remove_unused_digests = digests and self.layout.readers_idle()
         self._readers_lock = self.layout.hold_readers_lock()
         self.con = duckdb.connect(":memory:")
         if threads:
@@ -571,6 +583,7 @@ class WarehouseQuery:
                 if isinstance(exc, duckdb.IOException) and _vanished(exc) and attempt < 4:
                     continue
                 listed = [p for t in self.tables for p in self.layout.table_files(t, self.run_id)]
+                listed += list(self._digest_sources)  # a digest's pages may be the bad ones
                 if attempt < 4 and self._left_out_corrupt(exc, listed):
                     continue  # validate_files now leaves the corrupt file(s) out
                 raise WarehouseQueryError(
@@ -589,9 +602,13 @@ class WarehouseQuery:
         # build again.
         runs = [self.run_id] if self.run_id else self.layout.run_ids("turns")
         turns_switches = self.layout.manifest_stamps("turns", runs)
+        self._digest_sources = {}
         for table in TABLES:
-            files = self.layout.table_files(table, self.run_id) if table in self.tables else []
+            files, digested = self._listed(table) if table in self.tables else ([], [])
             good, bad = validate_files(files, table, strict=True)
+            for info, leave_out in digested:
+                self._digest_sources[info.path] = leave_out
+            good += [info for info, _ in digested]
             snap.files[table] = good
             for b in bad:
                 log.warning("warehouse: skipping %s", b)
@@ -613,7 +630,46 @@ class WarehouseQuery:
                 continue  # built by _create_current_turns
             self.con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
         self.snapshot = snap
+        self._remove_unused_digests = False  # other sessions may have opened since
         return snap
+
+    def _listed(self, table: str) -> tuple[list[Path], list[tuple[FileInfo, list[str]]]]:
+        """The table's visible files to read themselves, and the digests serving the rest
+        (each with the names of the files it covers that it must leave out)."""
+        if not self.digests or table not in DIGESTED_TABLES:
+            return self.layout.table_files(table, self.run_id), []
+        if self._digest_con is None:
+            self._digest_con = duckdb.connect(":memory:")
+            self._digest_con.execute("SET enable_progress_bar = false")
+        files: list[Path] = []
+        digested: list[tuple[FileInfo, list[str]]] = []
+        runs = [self.run_id] if self.run_id else self.layout.run_ids(table)
+        for run in runs:
+            plan = plan_partition(
+                projected_source,
+                self._digest_con,
+                self.layout.root,
+                table,
+                run,
+                self.layout.partition_files(table, run),
+                remove_unused=self._remove_unused_digests,
+            )
+            files += plan.files
+            digested += plan.digests
+        return files, digested
+
+    def _source(self, table: str, infos: list[FileInfo]) -> str:
+        """projected_source, with each digest limited to the files it still serves."""
+        plain = [f for f in infos if f.path not in self._digest_sources]
+        parts = [projected_source(table, plain)] if plain else []
+        for f in infos:
+            if f.path in self._digest_sources:
+                src = projected_source(table, [f])
+                leave_out = self._digest_sources[f.path]
+                if leave_out:
+                    src += f" WHERE _digest_file NOT IN ({', '.join(map(_sql_str, leave_out))})"
+                parts.append(src)
+        return " UNION ALL ".join(parts)
 
     def _create_raw_view(self, table: str, good: list[FileInfo]) -> None:
         """``_raw_<table>``: every good file, projected onto the current schema.
@@ -631,12 +687,14 @@ class WarehouseQuery:
             # so every later query sees this snapshot, the one the turns were chosen from.
             pinned = f"_pinned_{table}"
             self.con.execute(
-                f"CREATE OR REPLACE TEMP TABLE {pinned} AS {projected_source(table, reused)}"
+                f"CREATE OR REPLACE TEMP TABLE {pinned} AS {self._source(table, reused)}"
             )
             parts.append(f"SELECT * FROM {pinned}")
-            good = [f for f in good if f not in reused]
+            # by name, not `f not in reused`: a list scan per file was quadratic (minutes
+            # on 20,000 episode files)
+            good = [f for f in good if f.path.name.startswith("compacted-")]
         if good:
-            parts.append(projected_source(table, good))  # unique names: never rewritten
+            parts.append(self._source(table, good))  # unique names: never rewritten
         body = " UNION ALL ".join(parts) or f"SELECT * FROM {empty_name}"
         self.con.execute(f"CREATE OR REPLACE VIEW _raw_{table} AS {body}")
 
@@ -669,8 +727,8 @@ class WarehouseQuery:
         parts = []
         if per_episode:
             parts.append(projected_source("turns", per_episode))
-        if merged:
-            src = projected_source("turns", merged)
+        if merged:  # compacted files and digests: may hold attempts superseded since
+            src = self._source("turns", merged)
             present = {
                 wid
                 for (wid,) in self.con.execute(f"SELECT DISTINCT write_id FROM ({src})").fetchall()
@@ -823,6 +881,9 @@ class WarehouseQuery:
 
     def close(self) -> None:
         self.con.close()
+        if self._digest_con is not None:
+            self._digest_con.close()
+            self._digest_con = None
         if self._readers_lock is not None:
             os.close(self._readers_lock)  # releases the shared lock
             self._readers_lock = None

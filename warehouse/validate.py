@@ -17,8 +17,11 @@ with an error that names no file. ``verify_data`` reads every page of every colu
 which file it was (``find_corrupt``) and leaves it out like any other bad file.
 
 Bad files are left out and reported (path + reason); with quarantine they move to
-``<root>/_quarantine/`` next to a ``.reason.txt``. Results are cached per (path, size,
-mtime), so re-validating an unchanged warehouse costs one stat per file.
+``<root>/_quarantine/`` next to a ``.reason.txt``. Results are cached in the process per
+file identity (path, size, mtime_ns, inode): the cache is looked up right after one
+``stat``, before the file is opened, so re-validating an unchanged warehouse (the viewer's
+refreshes of a live run) costs one stat per file; a file rewritten in place (new mtime or
+size) or replaced by a rename (new inode) is a new identity and is checked again.
 """
 
 from __future__ import annotations
@@ -68,20 +71,28 @@ class FilesVanished(RuntimeError):
     """Listed files disappeared before they were read (a concurrent compaction): re-list."""
 
 
-_Key = tuple[str, int, int]
+_Key = tuple[str, int, int, int]  # (path, size, mtime_ns, inode): one version of one file
 _cache: dict[_Key, FileInfo | str] = {}
 _cache_lock = threading.Lock()
 _VANISHED = "file vanished while reading (a concurrent compaction or re-record?)"
 
 
-def _magic(path: Path) -> tuple[_Key | None, str | None]:
+def file_key(path: Path) -> _Key | None:
+    """The identity of the file now at `path` (None if there is none): what caches key on."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
+        return None
+    return (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _magic(path: Path, key: _Key | None = None) -> tuple[_Key | None, str | None]:
+    key = key or file_key(path)
+    if key is None:
         return None, _VANISHED
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if st.st_size < 12:
-        return key, f"not a Parquet file: only {st.st_size} bytes (truncated or empty)"
+    size = key[1]
+    if size < 12:
+        return key, f"not a Parquet file: only {size} bytes (truncated or empty)"
     try:
         with open(path, "rb") as fh:
             head = fh.read(4)
@@ -177,13 +188,14 @@ def validate_files(
     results: dict[Path, FileInfo | str] = {}
     todo: list[tuple[Path, _Key]] = []
     for p in files:
-        key, problem = _magic(p)
+        key = file_key(p)
         if key is not None:
             with _cache_lock:
                 hit = _cache.get(key)
-            if hit is not None:
+            if hit is not None:  # this very version of the file was checked already
                 results[p] = hit
                 continue
+        key, problem = _magic(p, key)
         if problem is not None:
             results[p] = problem
             if key is not None:
@@ -223,14 +235,18 @@ def verify_data(path: Path) -> str | None:
 
     Streams each column in small batches (memory stays bounded on a compacted file with
     megabytes of text per row group) and verifies page checksums where present. Results
-    are cached per (path, size, mtime): an unchanged file is read once per process.
+    are cached per file identity (path, size, mtime_ns, inode): an unchanged file is read
+    once per process, a rewritten or replaced one again.
     """
-    key, problem = _magic(path)
+    key = file_key(path)
     if key is None:
         return _VANISHED
     with _cache_lock:
         if key in _data_cache:
             return _data_cache[key]
+    key, problem = _magic(path, key)
+    if key is None:
+        return _VANISHED
     if problem is None:
         problem = _decode_all(path)
     if problem != _VANISHED:

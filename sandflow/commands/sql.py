@@ -61,13 +61,15 @@ def _err_console() -> Console:
 
 
 def _open(
-    root: Path, run: str | None, quarantine: bool, host_files: bool = False
+    root: Path, run: str | None, quarantine: bool, host_files: bool = False, digests: bool = True
 ) -> WarehouseQuery:
     from warehouse.query import WarehouseError, WarehouseQuery
 
     err = _err_console()
     try:
-        q = WarehouseQuery(root, run_id=run, quarantine=quarantine, host_files=host_files)
+        q = WarehouseQuery(
+            root, run_id=run, quarantine=quarantine, host_files=host_files, digests=digests
+        )
     except (WarehouseError, ValueError) as exc:
         raise fail(str(exc), EXIT_FAILED) from None
     _warn_bad(q, quarantine, already=set())
@@ -394,7 +396,7 @@ def register(app: typer.Typer) -> None:
 
         root = _resolve_root(warehouse)
         err = _err_console()
-        with _open(root, run, quarantine) as q:
+        with _open(root, run, quarantine, digests=False) as q:  # the files themselves, not digests
             good = {t: [f.path for f in fs] for t, fs in q.snapshot.files.items()}
             n = sum(len(v) for v in good.values())
             corrupt = []
