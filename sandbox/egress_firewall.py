@@ -15,7 +15,9 @@ Bounded on every side, because a hostile sandbox controls how many packets it se
   counters (refused vs logged), so a report can say how many refusals went unrecorded;
 - only the first SNAP_BYTES of a packet are copied to the daemon (headers, no payload);
 - the reader reads at most MAX_READ_BYTES per call from its cursor, skips a line longer
-  than MAX_LINE, bounds every field, and returns at most MAX_RECORDS.
+  than MAX_LINE, bounds every field, and returns at most MAX_RECORDS;
+- the file is rotated past MAX_LOG_FILE when the next sandbox of any policy starts (one
+  old generation kept): at the logging limit that is hours of a sustained flood.
 The header fields come from the sandbox's packets, but its source address cannot be
 forged: sandboxes have no CAP_NET_RAW, and the line's interface and prefix are the
 kernel's.
@@ -30,6 +32,7 @@ import ipaddress
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -44,6 +47,7 @@ LOG_BURST = 20
 LOG_PER_POLICY = "50/second"
 LOG_POLICY_BURST = 100
 MAX_READ_BYTES = 16 << 20  # per read call
+MAX_LOG_FILE = 64 << 20  # past this the log is rotated (one old generation kept)
 MAX_LINE = 4096
 MAX_RECORDS = 10_000
 RULE = "deny: direct connection (firewall)"
@@ -122,6 +126,10 @@ def _conf(root: Path) -> str:
         "",
         "[log1]",
         f"group={NFLOG_GROUP}",
+        # hand over each packet at once: the kernel's default batches up to 100 packets or
+        # 1 s, and a refusal logged after its turn was read would land in no turn
+        "netlink_qthreshold=1",
+        "netlink_qtimeout=1",
         "",
         "[json1]",
         "sync=1",
@@ -149,9 +157,13 @@ def ensure_logger(root: Path) -> None:
     pid_file = d / "ulogd.pid"
     with open(d / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        conf = d / "ulogd.conf"
         if _alive(pid_file):
-            return
-        (d / "ulogd.conf").write_text(_conf(root))
+            if conf.is_file() and conf.read_text() == _conf(root):
+                _rotate_if_big(root, pid_file)
+                return
+            stop_logger(root)  # started by an older version with another config
+        conf.write_text(_conf(root))
         log_path(root).touch()
         proc = subprocess.run(
             ["ulogd", "-d", "-c", str(d / "ulogd.conf"), "-p", str(pid_file)],
@@ -169,6 +181,21 @@ def ensure_logger(root: Path) -> None:
         raise RuntimeError(
             f"the firewall's logger (ulogd) did not start: {proc.stderr.strip()[:300]} {tail}"
         )
+
+
+def _rotate_if_big(root: Path, pid_file: Path) -> None:
+    """Keep the log bounded on disk: past MAX_LOG_FILE it becomes `refused.json.1` (the
+    previous one dropped) and the daemon reopens a new one (SIGHUP). A reader whose cursor
+    is past the new file's end starts it from the top (egress_firewall.read)."""
+    path = log_path(root)
+    try:
+        if path.stat().st_size <= MAX_LOG_FILE:
+            return
+        os.replace(path, path.with_name(path.name + ".1"))
+        path.touch()
+        os.kill(int(pid_file.read_text().strip()), signal.SIGHUP)
+    except (OSError, ValueError):
+        return
 
 
 def stop_logger(root: Path) -> None:
