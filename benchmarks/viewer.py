@@ -18,6 +18,14 @@ What it does (see benchmarks/README.md, section "viewer"):
 Measured on the per-episode files (a run in progress) and again after `compact(run_id)`
 (a finished run). Ends with one JSON line; `first_page_s` is the slowest cold first page
 of the compacted warehouse (the target: under a second).
+
+4. Uncompacted at scale: a second warehouse of 20,000 episodes (10 turns each) left in
+   per-episode files, as a run killed before its end compaction, `flows run --no-compact`
+   or a long RL session leaves it (40,000 Parquet files). Measured: `sandflow view`'s start
+   to its first answer (the first open builds the run's digests, warehouse/digest.py), the
+   slowest cold first page, `sandflow sql` counting the turns (the whole command, a fresh
+   process) and a later session's open. Target: first page and the count under 2 s.
+   `--uncompacted-only` runs just this part.
 """
 
 from __future__ import annotations
@@ -260,6 +268,68 @@ class Floors:
         return out
 
 
+def sql_cli_s(root: Path, sql: str) -> tuple[float, str]:
+    """`sandflow sql SQL` as a user runs it: a fresh process, imports included."""
+    cmd = [sys.executable, "-c", "from sandflow.cli import main; main()", "sql", sql,
+           "--warehouse", str(root), "--format", "csv"]  # fmt: skip
+    t = time.perf_counter()
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    s = time.perf_counter() - t
+    if out.returncode != 0:
+        raise SystemExit(f"sandflow sql failed: {out.stderr[-2000:]}")
+    return s, out.stdout.strip().splitlines()[-1]
+
+
+def connect_s(root: Path) -> float:
+    """Opening a query session (`warehouse.query.connect`) in a fresh process, imports excluded."""
+    code = (
+        "import sys, time; from warehouse.query import connect; t = time.perf_counter(); "
+        "q = connect(sys.argv[1]); print(time.perf_counter() - t); q.close()"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=1800, check=True)  # fmt: skip
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+UNCOMPACTED_TARGET_S = 2.0
+
+
+def measure_uncompacted(root: Path, runs: int) -> dict[str, object]:
+    """The 20,000-episode warehouse left in per-episode files (see the module doc, 4.)."""
+    log("[uncompacted 20k] measuring ...")
+    shutil.rmtree(root / "_cache", ignore_errors=True)  # a cold first open builds the digests
+    files = sum(1 for p in root.rglob("*.parquet") if "_cache" not in p.parts)
+    figs = measure_server(root, runs)
+    first_page = max(figs[f"{p}_cold_s"] for p in FIRST_PAGES)
+    sql_s, count = sql_cli_s(root, "SELECT count(*) AS n FROM turns")
+    sql_warm_s, _ = sql_cli_s(root, "SELECT count(*) AS n FROM turns")
+    out: dict[str, object] = {
+        "uncompacted_files": files,
+        "uncompacted_open_s": round(figs["ready_s"], 3),  # first open: builds the digests
+        "uncompacted_reopen_s": round(connect_s(root), 3),
+        "uncompacted_first_page_s": round(first_page, 3),
+        "uncompacted_sql_s": round(sql_s, 3),
+        "uncompacted_sql_again_s": round(sql_warm_s, 3),
+        "uncompacted_turns": int(count),
+        "uncompacted_pages": {k: round(v, 4) for k, v in figs.items()},
+        "uncompacted_target_s": UNCOMPACTED_TARGET_S,
+    }
+    out["uncompacted_target_met"] = max(first_page, sql_s) <= UNCOMPACTED_TARGET_S
+    for k, v in out.items():
+        if k != "uncompacted_pages":
+            log(f"  {k}: {v}")
+    return out
+
+
+def uncompacted_phase(a: argparse.Namespace, work: Path) -> dict[str, object]:
+    root = a.uncompacted_warehouse or work / "uncompacted"
+    if not (root / "episodes").is_dir():
+        n = a.uncompacted_episodes * a.uncompacted_turns_per_episode
+        log(f"building {a.uncompacted_episodes:,} episodes (uncompacted) at {root} ...")
+        build(root, n, a.uncompacted_turns_per_episode, a.workers, a.turn_bytes, work)
+    return measure_uncompacted(root, a.runs)
+
+
 def compacted(root: Path) -> bool:
     return (root / "turns" / f"run_id={RUN}" / "_compaction.json").exists()
 
@@ -286,10 +356,25 @@ def main() -> None:
         "--warehouse", type=Path, default=None,
         help="use this warehouse (built there first if missing; kept); compaction is measured on a hard-linked copy",
     )  # fmt: skip
+    ap.add_argument("--uncompacted-episodes", type=int, default=20_000)
+    ap.add_argument("--uncompacted-turns-per-episode", type=int, default=10)
+    ap.add_argument(
+        "--uncompacted-warehouse", type=Path, default=None,
+        help="use this warehouse for the uncompacted part (built there first if missing; kept)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--uncompacted-only", action="store_true", help="measure only the uncompacted part"
+    )
     a = ap.parse_args()
     from warehouse import Warehouse
 
     work = Path(tempfile.mkdtemp(prefix="sandflow-bench-viewer-"))
+    if a.uncompacted_only:
+        try:
+            print(json.dumps({"benchmark": "viewer", **uncompacted_phase(a, work)}))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         root = a.warehouse or work / "warehouse"
         if not (root / "episodes").is_dir():
@@ -323,6 +408,8 @@ def main() -> None:
             first_page_target_s=1.0,
             first_page_target_met=figs_c["first_page_s"] <= 1.0,
         )
+        if a.uncompacted_episodes > 0:
+            result.update(uncompacted_phase(a, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))

@@ -62,7 +62,7 @@ from warehouse.digest import DIGESTED_TABLES, plan_partition
 from warehouse.journal import is_live, read_journal
 from warehouse.layout import Layout
 from warehouse.recovery import recovered_journals
-from warehouse.schema import TABLES, empty_table, schema_for
+from warehouse.schema import TABLES, schema_for
 from warehouse.series import SERIES_VIEW_HELP, SERIES_VIEWS
 from warehouse.validate import (
     BadFile,
@@ -540,6 +540,8 @@ class WarehouseQuery:
         self.digests = digests
         self._digest_con: duckdb.DuckDBPyConnection | None = None
         self._digest_sources: dict[Path, list[str]] = {}  # digest -> names it must leave out
+        self._read_files: list[Path] = []  # the files the last build read themselves
+        self._arrow_tables: dict[str, pa.Table] = {}  # what the Arrow views read
         self._remove_unused_digests = digests and self.layout.readers_idle()
         self._readers_lock = self.layout.hold_readers_lock()
         self.con = duckdb.connect(":memory:")
@@ -582,9 +584,10 @@ class WarehouseQuery:
             except duckdb.Error as exc:
                 if isinstance(exc, duckdb.IOException) and _vanished(exc) and attempt < 4:
                     continue
-                listed = [p for t in self.tables for p in self.layout.table_files(t, self.run_id)]
-                listed += list(self._digest_sources)  # a digest's pages may be the bad ones
-                if attempt < 4 and self._left_out_corrupt(exc, listed):
+                # what this build read: digests first (one of them may be the bad one),
+                # then the files read themselves, not the thousands a digest serves
+                read = list(self._digest_sources) + self._read_files
+                if attempt < 4 and self._left_out_corrupt(exc, read):
                     continue  # validate_files now leaves the corrupt file(s) out
                 raise WarehouseQueryError(
                     f"reading the warehouse failed: {_first_line(exc)}"
@@ -603,8 +606,10 @@ class WarehouseQuery:
         runs = [self.run_id] if self.run_id else self.layout.run_ids("turns")
         turns_switches = self.layout.manifest_stamps("turns", runs)
         self._digest_sources = {}
+        self._read_files = []
         for table in TABLES:
             files, digested = self._listed(table) if table in self.tables else ([], [])
+            self._read_files += files
             good, bad = validate_files(files, table, strict=True)
             for info, leave_out in digested:
                 self._digest_sources[info.path] = leave_out
@@ -679,7 +684,7 @@ class WarehouseQuery:
         file's footer on every query), and columns a group lacks become typed NULLs.
         """
         empty_name = f"_empty_{table}"
-        self.con.register(empty_name, empty_table(table))
+        self._arrow_view(empty_name, _empty(table))
         parts = []
         reused = [f for f in good if not f.path.name.startswith("compacted-")]
         if table in PINNED and reused:
@@ -697,6 +702,12 @@ class WarehouseQuery:
             parts.append(self._source(table, good))  # unique names: never rewritten
         body = " UNION ALL ".join(parts) or f"SELECT * FROM {empty_name}"
         self.con.execute(f"CREATE OR REPLACE VIEW _raw_{table} AS {body}")
+
+    def _arrow_view(self, name: str, table: pa.Table) -> None:
+        """A view of an Arrow table. Not `con.register`: that imports pandas (~0.5 s of
+        every `sandflow sql`); the table is kept alive as long as the session."""
+        self._arrow_tables[name] = table
+        self.con.from_arrow(table).create_view(name, replace=True)
 
     def _create_current_turns(self, good: list[FileInfo]) -> None:
         """``turns``: only the turns of each episode's current attempt.
@@ -770,11 +781,11 @@ class WarehouseQuery:
         if parts:
             table = pa.concat_tables(parts)
         else:
-            e = empty_table("turns")
+            schema = schema_for("turns")
             for name in ("journal_state", "task_id", "domain", "mode", "journal"):
-                e = e.append_column(name, pa.array([], pa.string()))
-            table = e
-        self.con.register("_partial_turns_arrow", table)
+                schema = schema.append(pa.field(name, pa.string()))
+            table = pa.Table.from_batches([], schema=schema)  # pa.array would import pandas
+        self._arrow_view("_partial_turns_arrow", table)
         self.con.execute(
             "CREATE OR REPLACE VIEW partial_turns AS SELECT * FROM _partial_turns_arrow"
         )
@@ -893,6 +904,11 @@ class WarehouseQuery:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _empty(table: str) -> pa.Table:
+    """No rows of `table` (schema.empty_table would import pandas)."""
+    return pa.Table.from_batches([], schema=schema_for(table))
 
 
 def _vanished(exc: BaseException) -> bool:
