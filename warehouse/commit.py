@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tasks.records import EpisodeRecord, TurnRecord
 from warehouse.convert import episode_row, now_utc, rows_table, turns_table
-from warehouse.layout import Layout, new_id, write_parquet_atomic
+from warehouse.layout import Layout, new_id, write_parquet_files_atomic
 
 
 class RecordError(ValueError):
@@ -34,15 +34,18 @@ def commit_episode(
                 f"not to run {episode.run_id!r} episode {episode.episode_id!r}"
             )
     write_id = new_id()
+    files = []
     if turns:
-        write_parquet_atomic(
-            turns_table(turns, write_id, prompt_deltas=True),
-            layout.turns_file(episode.run_id, episode.episode_id, write_id),
-            durable=durable,
+        files.append(
+            (
+                turns_table(turns, write_id, prompt_deltas=True),
+                layout.turns_file(episode.run_id, episode.episode_id, write_id),
+            )
         )
     ep = episode.with_totals(turns, only_missing=True)
     table = rows_table("episodes", [episode_row(ep, write_id, now_utc())])
-    write_parquet_atomic(
-        table, layout.episode_file(episode.run_id, episode.episode_id), durable=durable
-    )
+    files.append((table, layout.episode_file(episode.run_id, episode.episode_id)))
+    # Turns renamed first, the episode row last (readers never see a row without its
+    # turns); durable: both files fsynced together, each rename fsynced in that order.
+    write_parquet_files_atomic(files, durable=durable)
     return write_id
