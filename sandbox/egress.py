@@ -247,7 +247,7 @@ def _cache_conf(ep_dir: Path) -> list[str]:
     if CACHE_MB <= 0:
         return ["cache deny all", "cache_mem 8 MB"]
     return [
-        f"cache_dir aufs {ep_dir}/cache {CACHE_MB} 16 256",
+        f"cache_dir aufs {ep_dir}/cache {CACHE_MB} 16 16",  # 256 folders: quick to create
         f"maximum_object_size {MAX_OBJECT_MB} MB",
         "cache_mem 64 MB",
         "maximum_object_size_in_memory 1 MB",
@@ -406,14 +406,20 @@ def teardown(api: Any, endpoint: Endpoint) -> None:
     log.warning("egress network %s: still in use, left in place", endpoint.network)
 
 
-def stop_squid(ep_dir: Path) -> None:
-    """Stop the squid whose pid file is in `ep_dir` (waits up to 5 s for it to go)."""
+def stop_squid(ep_dir: Path, drop_cache: bool = True) -> None:
+    """Stop the squid whose pid file is in `ep_dir` (waits up to 5 s for it to go), and
+    drop its download cache: a proxy is stopped by a teardown (tests, benchmarks, an
+    operator's cleanup), and a policy nobody runs should not keep gigabytes on disk. A
+    running proxy keeps its cache across the processes that use it."""
     with contextlib.suppress(OSError, ValueError):
         pid = int((ep_dir / "squid.pid").read_text().strip())
         os.kill(pid, 15)
         for _ in range(50):
             os.kill(pid, 0)
             time.sleep(0.1)
+        return  # still running after 5 s: its cache stays
+    if drop_cache and not _pid_alive(ep_dir / "squid.pid"):
+        shutil.rmtree(ep_dir / "cache", ignore_errors=True)
 
 
 def container_address(api: Any, container_id: str, network: str) -> str:
