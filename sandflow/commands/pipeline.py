@@ -50,7 +50,9 @@ def _settings(**overrides: Any) -> Any:
         return load_settings(**overrides)
     except ValidationError as exc:  # a bad SANDFLOW_* variable or sandflow.toml entry
         err = exc.errors()[0]
-        _fail(f"invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}")
+        name = ".".join(map(str, err["loc"]))
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        _fail(f"invalid setting {name} (SANDFLOW_{name.upper()} or sandflow.toml): {msg}")
 
 
 def _quiet_prefect(verbose: bool) -> None:
