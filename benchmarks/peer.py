@@ -2,7 +2,10 @@
 
 Both sides get the same 32 tasks x 10 turns, 4 at a time, on the same image, against
 the same scripted OpenAI-compatible model that answers instantly: 10 `execute_bash`
-calls, then `submit` (decided from the request, so concurrent episodes don't mix).
+calls, then `submit` (decided from the request, so concurrent episodes don't mix). The
+model is one process of its own that both sides call over HTTP, as a real endpoint is
+(until 2026-11-23 it ran inside this process, where its request handling took the GIL
+from sandflow's episodes but not from the peer, which runs in its own process).
 
 - peer:     `llm-in-sandbox benchmark --task <ours> --num_workers 4`; its own summary's
             elapsed_time_seconds (results.json). It runs from its own venv (installed
@@ -10,8 +13,10 @@ calls, then `submit` (decided from the request, so concurrent episodes don't mix
             and reads its tasks from a local data.json through a task folder we add
             to its benchmark directory (that is how its demo task works).
 - sandflow: the Prefect run flow in ephemeral mode, ThreadPoolTaskRunner(max_workers=4),
-            episodes/s from the flow's start to its end, recording included (every
-            turn journaled and fsynced, Parquet per episode), as its summary reports it.
+            episodes/s from the flow's start to its end, recording included at the
+            default durability "turn" (every turn journaled before the loop goes on and
+            group-committed to disk, at most each open episode's last turn at risk in
+            an OS crash; Parquet per episode, fsynced), as its summary reports it.
 - floor:    the same episodes through `flows.episode.run_one` in a plain thread pool of
             4 (no Prefect), to show what the orchestration itself costs.
 
@@ -73,6 +78,46 @@ def scripted_model(turns: int) -> Any:
         return tool_reply("submit", {})
 
     return ScriptedModel(default=decide, models=("scripted",)).start()
+
+
+class ModelProcess:
+    """The scripted model in a process of its own, as a real endpoint is (vLLM, a remote API).
+
+    Why: in the benchmark's own interpreter its request handling would take sandflow's
+    GIL (sandflow runs in this process; the peer runs in its own), charging the model's
+    CPU to one side only. Both sides talk to this one process over HTTP.
+    """
+
+    def __init__(self, turns: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve-model", str(turns)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT),
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("http://127.0.0.1:"):
+            self.stop()
+            raise RuntimeError(f"the scripted model process did not start (it said {line!r})")
+        self.url = line
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()  # its signal to stop
+            self.proc.wait(timeout=10)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def serve_model(turns: int) -> None:
+    """`--serve-model N`: serve the scripted model, print its URL, stop when stdin closes."""
+    model = scripted_model(turns)
+    print(model.url, flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        model.stop()
 
 
 # ---------------------------------------------------------------------- the tasks
@@ -270,7 +315,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="the peer's venv (created if missing)")
     ap.add_argument("--skip-peer", action="store_true", help="only sandflow (no ratio)")
+    ap.add_argument("--serve-model", type=int, metavar="TURNS", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve_model is not None:
+        serve_model(args.serve_model)
+        return
 
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     import docker
@@ -282,7 +331,7 @@ def main() -> None:
     client.images.get(DEFAULT_SPEC.tag).tag(*PEER_IMAGE.split(":"))  # same image for both
     tasks = make_tasks(args.tasks)
     work = Path(tempfile.mkdtemp(prefix="sandflow-peer-bench-"))
-    model = scripted_model(args.turns)
+    model = ModelProcess(args.turns)
     load: dict[str, float] = {}
     try:
         taskset = write_taskset(tasks, work / "tasks.parquet")

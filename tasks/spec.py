@@ -68,7 +68,13 @@ class RunSpec(BaseModel):
     max_sandboxes: int | None = Field(None, description="live sandboxes; None: concurrency")
     max_model_calls: int | None = Field(None, description="concurrent model calls; None: no bound")
     retries: int = Field(2, description="retries of an episode after an infrastructure failure")
-    durability: str = "turn"
+    durability: str = Field(
+        "turn",
+        description="what survives an OS crash (a kill -9 loses nothing recorded in every mode): "
+        "'turn' loses at most the last 4 records of an open episode (fsynced in the background "
+        "within milliseconds), 'sync' nothing (fsync in every record_turn), 'flush' recent "
+        "records (nothing waits for the disk); docs/warehouse.md",
+    )
     compact: bool = Field(True, description="merge the run's files at its end")
     wait_for_lock: bool | float = Field(
         False, description="another process runs this run id: wait (True, or seconds) instead of refusing"
