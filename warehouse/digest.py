@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 from warehouse.layout import _DICT_COLUMNS, _STAT_COLUMNS, PARQUET_COMPRESSION, new_id
 from warehouse.schema import META_PROMPT_DELTAS, file_metadata, schema_for
 from warehouse.tempfiles import locked_temp
-from warehouse.validate import FileInfo, file_key, validate_files, verify_files
+from warehouse.validate import FileInfo, validate_files, verify_files
 
 log = logging.getLogger(__name__)
 
@@ -113,19 +113,22 @@ def plan_partition(
     root: Path,
     table: str,
     run_id: str,
-    listed: list[Path],
+    part: Path,
+    listed: list[tuple[str, Identity]],
     *,
     build: bool = True,
     remove_unused: bool = False,
 ) -> PartitionRead:
-    """Split `listed` (a partition's visible files) into digest-served and read-themselves,
-    building a digest first when enough files are uncovered (see the module doc)."""
-    small = [p for p in listed if not p.name.startswith("compacted-")]
-    plan = PartitionRead(files=[p for p in listed if p.name.startswith("compacted-")])
+    """Split `listed` (a partition's visible files with their identities, from
+    layout.partition_listing) into digest-served and read-themselves, building a digest
+    first when enough files are uncovered (see the module doc)."""
+    compacted = [part / n for n, _ in listed if n.startswith("compacted-")]
+    now = {n: ident for n, ident in listed if not n.startswith("compacted-")}
+    plan = PartitionRead(files=compacted)
     d = digest_dir(root, table, run_id)
     found = _digest_files(d)
-    if len(small) < MIN_FILES and not found:
-        plan.files += small
+    if len(now) < MIN_FILES and not found:
+        plan.files += [part / n for n in now]
         return plan
     good, bad = validate_files(found, table)
     for b in bad:
@@ -139,24 +142,13 @@ def plan_partition(
             if g.columns != shape:
                 with contextlib.suppress(OSError):
                     g.path.unlink()
-    now: dict[str, Identity] = {}
-    for p in small:
-        key = file_key(p)
-        if key is not None:
-            now[p.name] = key[1:]
-    served: set[str] = set()
-    for dg in digests:
-        served |= {n for n, ident in dg.covers.items() if now.get(n) == ident}
-    uncovered = [p for p in small if p.name not in served]
+    uncovered = _uncovered(digests, now)
     if build and (len(uncovered) >= MIN_FILES or len(digests) > MAX_DIGESTS):
         merge = digests if len(digests) > MAX_DIGESTS else []
-        new = _build(project, con, root, table, run_id, uncovered, merge, now)
+        new = _build(project, con, root, table, run_id, [part / n for n in uncovered], merge, now)
         if new is not None:
             digests = [g for g in digests if g not in merge] + [new]
-            served = set()
-            for dg in digests:
-                served |= {n for n, ident in dg.covers.items() if now.get(n) == ident}
-            uncovered = [p for p in small if p.name not in served]
+            uncovered = _uncovered(digests, now)
     claimed: set[str] = set()
     for dg in digests:
         mine = {n for n, ident in dg.covers.items() if now.get(n) == ident and n not in claimed}
@@ -167,8 +159,16 @@ def plan_partition(
             continue
         claimed |= mine
         plan.digests.append((dg.info, sorted(set(dg.covers) - mine)))
-    plan.files += uncovered
+    plan.files += [part / n for n in uncovered]
     return plan
+
+
+def _uncovered(digests: list[Digest], now: dict[str, Identity]) -> list[str]:
+    """Names in `now` whose identity no digest recorded (in `now`'s order)."""
+    served: set[str] = set()
+    for dg in digests:
+        served.update(n for n, ident in dg.covers.items() if now.get(n) == ident)
+    return [n for n in now if n not in served]
 
 
 def _safe_load(infos: list[FileInfo]) -> list[Digest]:

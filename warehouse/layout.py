@@ -272,15 +272,23 @@ class Layout:
         switched in between, list again, so the result never mixes the two states.
         """
         part = self.part_dir(table, run_id)
+        return [part / name for name, _ in self.partition_listing(table, run_id)]
+
+    def partition_listing(self, table: str, run_id: str) -> list[tuple[str, tuple[int, int, int]]]:
+        """partition_files as (name, (size, mtime_ns, inode)), from the listing's own stat:
+        what the read path's caches key on, without a second stat per file."""
+        part = self.part_dir(table, run_id)
         for _ in range(20):
             before = _manifest_stamp(part)
+            sizes: dict[str, int] = {}
             try:
-                files = _file_ids(part)
+                files = _file_ids(part, sizes)
             except FileNotFoundError:
                 return []
             manifest = Manifest.read(part)
             if _manifest_stamp(part) == before:
-                return [part / n for n in manifest.visible(files)]
+                ident = {n: (sizes[n], mtime, ino) for n, ino, mtime in files}
+                return [(n, ident[n]) for n in manifest.visible(files)]
         raise WarehouseLayoutError(f"{part}: compaction kept changing the file set; try again")
 
     def table_files(self, table: str, run_id: str | None = None) -> list[Path]:
@@ -353,17 +361,20 @@ class Layout:
         return [_manifest_stamp(self.part_dir(table, r)) for r in run_ids]
 
 
-def _file_ids(part: Path) -> list[FileId]:
+def _file_ids(part: Path, sizes: dict[str, int] | None = None) -> list[FileId]:
     """The partition's data files. One deleted between listing and stat is skipped: only a
     compaction deletes, after its manifest already hid the file (and a file replaced by a
-    rename is stat'ed as the new one)."""
+    rename is stat'ed as the new one). `sizes` gets each file's size from the same stat."""
     out = []
     for e in os.scandir(part):
         if e.name.endswith(".parquet") and not e.name.startswith("."):
             try:
-                out.append(file_id(e))
+                st = e.stat()
             except FileNotFoundError:
                 continue
+            out.append((e.name, st.st_ino, st.st_mtime_ns))
+            if sizes is not None:
+                sizes[e.name] = st.st_size
     return sorted(out)
 
 

@@ -656,7 +656,8 @@ class WarehouseQuery:
                 self.layout.root,
                 table,
                 run,
-                self.layout.partition_files(table, run),
+                self.layout.part_dir(table, run),
+                self.layout.partition_listing(table, run),
                 remove_unused=self._remove_unused_digests,
             )
             files += plan.files
