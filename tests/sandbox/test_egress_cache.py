@@ -81,17 +81,19 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CountedIndex]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    for _ in range(100):
-        try:
-            with closing(http.client.HTTPConnection("127.0.0.1", port, timeout=0.5)) as c:
-                c.request("GET", "/simple/")
-                if c.getresponse().status == 200:
-                    break
-        except OSError:
-            time.sleep(0.1)
-    yield CountedIndex(port, log, wheel)
-    proc.kill()
-    proc.wait()
+    try:
+        for _ in range(100):
+            try:
+                with closing(http.client.HTTPConnection("127.0.0.1", port, timeout=0.5)) as c:
+                    c.request("GET", "/simple/")
+                    if c.getresponse().status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        yield CountedIndex(port, log, wheel)
+    finally:  # also when it never answered: the server must not outlive the test
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="module")
