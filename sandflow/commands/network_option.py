@@ -1,4 +1,4 @@
-"""The one `--network` option of `sandflow run`, `sandflow flows run` and `sandflow bench`.
+"""The one `--network` option of `sandflow run`, `flows run`, `bench` and `sandbox exec`.
 
 The value is one policy string in the syntax every other place takes (SANDFLOW_NETWORK,
 `network` in sandflow.toml, a task's `metadata.network`, `SandboxLimits(network=...)`):
@@ -38,8 +38,14 @@ def check_network(value: str | None) -> str | None:
     return value.strip()
 
 
-def network_option() -> Any:
-    """A fresh `--network` option (typer options are not shared between commands)."""
+def network_option(envvar: str | None = None) -> Any:
+    """A fresh `--network` option (typer options are not shared between commands);
+    `envvar` for commands that read SANDFLOW_NETWORK themselves (no settings)."""
     return typer.Option(
-        None, "--network", metavar="POLICY", callback=check_network, help=NETWORK_HELP
+        None,
+        "--network",
+        metavar="POLICY",
+        callback=check_network,
+        help=NETWORK_HELP,
+        envvar=envvar,
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from sandflow.commands.network_option import network_option
 from sandflow.errors import EXIT_FAILED, EXIT_USAGE, fail
 
 image_app = typer.Typer(
@@ -223,9 +224,7 @@ def sandbox_exec(
     backend: str = typer.Option(
         "docker", "--backend", "-b", envvar="SANDFLOW_BACKEND", help=BACKEND_HELP
     ),
-    network: str = typer.Option(
-        "none", "--network", envvar="SANDFLOW_NETWORK", help="none | bridge | host"
-    ),
+    network: str | None = network_option(envvar="SANDFLOW_NETWORK"),
     timeout: float = typer.Option(60.0, "--timeout", help="Per-command timeout in seconds."),
     memory_mb: int = typer.Option(2048, "--memory-mb", help="Memory limit."),
     docker_host: str | None = typer.Option(
@@ -249,7 +248,7 @@ def sandbox_exec(
             run_id="cli",
             episode_id="exec",
             docker_host=docker_host,
-            limits=SandboxLimits(network=network, memory_mb=memory_mb),
+            limits=SandboxLimits(network=network or "none", memory_mb=memory_mb),
         )
     except ValueError as e:
         raise fail(f"bad option: {e}", EXIT_USAGE) from None

@@ -67,6 +67,21 @@ def test_a_bad_policy_stops_the_command_at_once_naming_the_entry(
     assert not any(tmp_path.iterdir())  # stopped before anything was written
 
 
+def test_sandbox_exec_takes_the_same_policy_string() -> None:
+    """`sandflow sandbox exec` checks the same syntax (flag or SANDFLOW_NETWORK) before any
+    sandbox starts."""
+    res = runner.invoke(app, ["sandbox", "exec", "--network", "allowlist:bad..name", "true"])
+    assert res.exit_code == 2, res.output
+    assert "allowlist entry 'bad..name'" in flat(res.output)
+    res = runner.invoke(
+        app, ["sandbox", "exec", "true"], env={"SANDFLOW_NETWORK": "allowlst:x.org"}
+    )
+    assert res.exit_code == 2, res.output
+    assert "unknown policy 'allowlst'" in flat(res.output)
+    res = runner.invoke(app, ["sandbox", "exec", "--help"])
+    assert "allowlist:pypi.org *.pythonhosted.org:443" in flat(res.output)
+
+
 def test_a_bad_policy_from_the_environment_is_one_sentence(tmp_path: Path) -> None:
     res = runner.invoke(
         app,
