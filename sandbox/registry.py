@@ -79,7 +79,6 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     elif prev == signal.SIG_DFL:
         signal.signal(signum, signal.SIG_DFL)
         signal.raise_signal(signum)
-    # SIG_IGN: the process chose to ignore it; we only cleaned up.
 
 
 def _install() -> None:
@@ -96,7 +95,10 @@ def _install() -> None:
         _SIGNALS_DONE = True
         for sig in (signal.SIGINT, signal.SIGTERM):
             prev = signal.getsignal(sig)
-            if prev is _handler:
+            if prev is _handler or prev == signal.SIG_IGN:
+                # SIG_IGN: the process ignores it (a background job started by a
+                # non-interactive shell ignores SIGINT); a stray one must not kill every
+                # sandbox of a run that goes on (found in a nohup'd test run).
                 continue
             _PREVIOUS[sig] = prev
             signal.signal(sig, _handler)

@@ -207,10 +207,16 @@ def test_ctrl_c_stops_episodes_at_a_turn_boundary_and_resume_finishes(tmp_path: 
             threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
         return reply
 
+    # Ctrl+C raises KeyboardInterrupt only where SIGINT is not ignored: a suite started as a
+    # background job of a non-interactive shell inherits SIGINT ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     with ScriptedModel(default=slow, models=("scripted",)) as server:
         kwargs = run_kwargs(ts, server, wh, run_id=rid, mode="sandbox", concurrency=2)
-        with pytest.raises(KeyboardInterrupt):
-            run_flow.with_options(task_runner=_thread_runner())(**kwargs)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                run_flow.with_options(task_runner=_thread_runner())(**kwargs)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         assert containers_of(rid) == []
         terms = _query(wh, f"SELECT termination, count(*) FROM episodes WHERE run_id = '{rid}' GROUP BY 1")
         assert dict(terms).get("interrupted", 0) >= 1, terms
