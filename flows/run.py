@@ -267,6 +267,8 @@ def _execute_locked(
                 "model": live_cfg.public_dict(),
                 "backend": spec.backend,
                 "network": spec.network,
+                "sandbox_reuse": spec.sandbox_reuse,
+                "durability": spec.durability,
                 "task_set": spec.task_set,
             },
             started_at=(previous or {}).get("started_at"),

@@ -55,6 +55,10 @@ class Settings(BaseSettings):
 
     # Warehouse
     warehouse: Path = Path(DEFAULT_ROOT)
+    # What a recorded run survives: a kill -9 loses nothing in every mode; an OS crash
+    # loses at most an open episode's last 4 records ("turn"), nothing ("sync": an fsync
+    # per turn) or recent records ("flush": nothing waits for the disk). docs/warehouse.md.
+    durability: Literal["turn", "sync", "flush"] = "turn"
 
     # Optional LLM judge endpoint
     judge_base_url: str | None = None

@@ -17,7 +17,7 @@ Prefect parameter, and Prefect stores parameters. The API key is looked up by
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -68,7 +68,7 @@ class RunSpec(BaseModel):
     max_sandboxes: int | None = Field(None, description="live sandboxes; None: concurrency")
     max_model_calls: int | None = Field(None, description="concurrent model calls; None: no bound")
     retries: int = Field(2, description="retries of an episode after an infrastructure failure")
-    durability: str = Field(
+    durability: Literal["turn", "sync", "flush"] = Field(
         "turn",
         description="what survives an OS crash (a kill -9 loses nothing recorded in every mode): "
         "'turn' loses at most the last 4 records of an open episode (fsynced in the background "

@@ -20,6 +20,11 @@ from typing import Any
 
 import typer
 
+from sandflow.commands.durability_option import (
+    DurabilityChoice,
+    durability_option,
+    durability_value,
+)
 from sandflow.commands.network_option import network_option
 from sandflow.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REGRESSION, console, fail
 
@@ -314,6 +319,7 @@ def bench(
     wall_clock_s: float = typer.Option(900.0, "--wall-clock", help="Seconds per episode, model and tools together."),
     network: str = network_option(),
     warehouse: str = _WAREHOUSE,
+    durability: DurabilityChoice | None = durability_option(),
     run_id: str = typer.Option(None, "--run-id", "-r", help="Resume this run (finished episodes are skipped)."),
     task_runner: str = typer.Option("thread", "--task-runner", help="thread (one process) | dask (a cluster)."),
     dask_address: str = typer.Option(None, "--dask-address", help="tcp://host:8786 of a Dask scheduler."),
@@ -349,7 +355,10 @@ def bench(
     """
     _isolate_from_terminal_signals()
     _quiet_prefect(verbose)
-    s = _settings(model=model, base_url=base_url, warehouse=warehouse, network=network)
+    s = _settings(
+        model=model, base_url=base_url, warehouse=warehouse, network=network,
+        durability=durability_value(durability),
+    )
     from sandflow.commands.progress import RichEpisodeProgress
 
     console = _console()
@@ -393,6 +402,7 @@ def bench(
         run_id=run_id,
         network=s.network,
         sandbox_reuse=s.sandbox_reuse or "fresh",
+        durability=s.durability,
         series=series,
         wait_for_lock=wait,
     )
@@ -507,6 +517,7 @@ def cmd_run(
     network: str = network_option(),
     retries: int = typer.Option(2, "--retries", min=0, help="Retries of an episode after an infrastructure failure."),
     warehouse: str = _WAREHOUSE,
+    durability: DurabilityChoice | None = durability_option(),
     run_id: str = typer.Option(None, "--run-id", "-r", help="Resume this run id (or name a new one)."),
     task_runner: str = typer.Option("thread", "--task-runner", help="thread | dask"),
     dask_address: str = typer.Option(None, "--dask-address", help="tcp://host:8786"),
@@ -529,7 +540,10 @@ def cmd_run(
     from sandflow.commands.progress import RichEpisodeProgress
     from tasks.spec import RunSpec
 
-    s = _settings(model=model, base_url=base_url, warehouse=warehouse, network=network)
+    s = _settings(
+        model=model, base_url=base_url, warehouse=warehouse, network=network,
+        durability=durability_value(durability),
+    )
     _check_run_free(str(s.warehouse), run_id, wait)
     spec = RunSpec(
         task_set=task_set,
@@ -548,6 +562,7 @@ def cmd_run(
         run_id=run_id,
         network=s.network,
         sandbox_reuse=s.sandbox_reuse or "fresh",
+        durability=s.durability,
         backend=s.backend,
         image=s.image,
         retries=retries,

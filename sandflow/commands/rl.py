@@ -10,6 +10,12 @@ from pathlib import Path
 
 import typer
 
+from sandflow.commands.durability_option import (
+    DurabilityChoice,
+    durability_option,
+    durability_value,
+)
+
 rl_app = typer.Typer(
     name="rl",
     help=(
@@ -46,6 +52,7 @@ def serve(
         help="Where every rollout is recorded (env SANDFLOW_WAREHOUSE; default warehouse_data).",
     ),
     no_record: bool = typer.Option(False, "--no-record", help="Record nothing (benchmarks only)."),
+    durability: DurabilityChoice | None = durability_option(),
     backend: str | None = typer.Option(None, "--backend", help="Sandbox backend: docker or bwrap."),
     max_steps: int = typer.Option(
         100,
@@ -71,7 +78,9 @@ def serve(
     from sandflow.errors import EXIT_USAGE, fail
     from tasks.spec import RunSpec
 
-    settings = load_settings(warehouse=warehouse, backend=backend)
+    settings = load_settings(
+        warehouse=warehouse, backend=backend, durability=durability_value(durability)
+    )
     if settings.backend not in ("docker", "bwrap"):
         raise fail(f"--backend {settings.backend!r}: use docker or bwrap", EXIT_USAGE, label="Error")
     # The episodes' sandbox and limits, built the one way every command builds them.
@@ -92,6 +101,7 @@ def serve(
         sandbox=spec.to_sandbox_config(),
         limits=spec.to_limits(),
         compact=not no_compact,
+        durability=settings.durability,
     )
     where = "nothing (--no-record)" if cfg.warehouse is None else str(cfg.warehouse)
     typer.echo(
