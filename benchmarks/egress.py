@@ -384,7 +384,7 @@ def cache_phase(
         results = list(tp.map(install, range(args.sandboxes)))
     installs_s = time.perf_counter() - t
     wheel_reqs = [x for _, recs in results for x in recs if x.url.endswith(WHEEL)]
-    hits = sum("HIT" in x.result for x in wheel_reqs)
+    hits = sum(x.cache_hit for x in wheel_reqs)
     installed = sum(ok for ok, _ in results)
     upstream = _fetches(index_log) - before
     hit_ratio = hits / len(wheel_reqs) if wheel_reqs else 0.0

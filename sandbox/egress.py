@@ -453,6 +453,15 @@ class EgressRecord:
     def as_row(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    @property
+    def cache_hit(self) -> bool:
+        """Served from the shared download cache, without a fetch of its own: a hit, a
+        request collapsed onto another sandbox's in-flight fetch of the same URL (squid's
+        `_CF_` tag, e.g. TCP_CF_MISS: `collapsed_forwarding on`), or a revalidation that
+        found the copy current. The `egress` view's `cache_hit` column says the same."""
+        r = self.result
+        return "HIT" in r or "_CF_" in r or r == "TCP_REFRESH_UNMODIFIED"
+
 
 def _int(s: str) -> int:
     try:

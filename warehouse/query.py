@@ -298,8 +298,9 @@ READY_VIEWS: dict[str, str] = {
     # one row per request through the egress proxy, with the turn it ended in
     "egress": """
         SELECT run_id, episode_id, turn_index, unnest(e),
-               coalesce(e.result LIKE '%HIT%' OR e.result = 'TCP_REFRESH_UNMODIFIED', false)
-                   AS cache_hit
+               coalesce(contains(e.result, 'HIT') OR contains(e.result, '_CF_')
+                        OR e.result = 'TCP_REFRESH_UNMODIFIED', false)
+                   AS cache_hit  -- sandbox.egress.EgressRecord.cache_hit
         FROM (SELECT run_id, episode_id, turn_index, unnest(egress) AS e
               FROM turns WHERE egress IS NOT NULL)
     """,

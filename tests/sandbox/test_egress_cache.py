@@ -176,8 +176,10 @@ def test_twenty_sandboxes_install_one_wheel_fetched_once(
     assert index.fetches(WHEEL) - before == 1  # the upstream saw the wheel once
     wheel = [r for _, recs in results for r in recs if r.url.endswith(WHEEL)]
     assert len(wheel) == 20 and all(r.status == 200 and r.allowed for r in wheel), wheel
-    hits = [r for r in wheel if "HIT" in r.result]
-    assert len(hits) == 19, sorted(r.result for r in wheel)
+    # 19 served from the cache: hits, or requests collapsed onto the one fetch in flight
+    # (TCP_CF_MISS: a request that arrives while the first is still being fetched)
+    hits = [r for r in wheel if r.cache_hit]
+    assert len(hits) == 19, " ".join(sorted(f"{r.result}/{r.server}" for r in wheel))
     size = index.wheel.stat().st_size
     assert all(r.bytes_in >= size for r in wheel)  # every sandbox got the whole file
 

@@ -216,3 +216,39 @@ def test_run_filter_reads_one_partition(tmp_path: Path) -> None:
             ("r1", 16),
             ("r2", 1),
         ]
+
+
+def test_the_egress_views_cache_hit_agrees_with_the_records(tmp_path: Path) -> None:
+    """`cache_hit` in SQL and EgressRecord.cache_hit (the benchmark's and the tests' count)
+    are one definition: served without a fetch of its own, including a request collapsed
+    onto another sandbox's fetch in flight (TCP_CF_MISS)."""
+    from datetime import UTC, datetime
+
+    from sandbox.egress import EgressRecord
+    from tasks.records import EgressRequest
+
+    codes = ["TCP_MISS", "TCP_HIT", "TCP_MEM_HIT", "TCP_CF_MISS", "TCP_CF_HIT",
+             "TCP_REFRESH_UNMODIFIED", "TCP_REFRESH_MODIFIED", "TCP_TUNNEL", "TCP_DENIED"]  # fmt: skip
+    ep, (turn,) = make_episode("r-egress", "t", turns=1)
+    requests = [
+        EgressRequest(time=datetime.now(UTC), method="GET", host="pypi.test", port=80,
+                      url=f"http://pypi.test/{code}", status=200, allowed=True, rule="allow",
+                      result=code)  # fmt: skip
+        for code in codes
+    ]
+    with Warehouse(tmp_path).writer(durability="flush") as w:
+        record(w, ep, [turn.model_copy(update={"egress": requests})])
+    from warehouse.query import WarehouseQuery
+
+    with WarehouseQuery(tmp_path) as q:
+        in_sql = dict(q.rows("SELECT result, cache_hit FROM egress"))
+    in_python = {
+        code: EgressRecord(time=0.0, client="10.0.0.2", method="GET", host="pypi.test", port=80,
+                           url="", status=200, bytes_out=0, bytes_in=0, result=code, server="-",
+                           allowed=True, rule="allow").cache_hit  # fmt: skip
+        for code in codes
+    }
+    assert in_sql == in_python
+    assert [c for c in codes if in_python[c]] == [
+        "TCP_HIT", "TCP_MEM_HIT", "TCP_CF_MISS", "TCP_CF_HIT", "TCP_REFRESH_UNMODIFIED"
+    ]
