@@ -588,7 +588,7 @@ class WarehouseQuery:
                 # what this build read: digests first (one of them may be the bad one),
                 # then the files read themselves, not the thousands a digest serves
                 read = list(self._digest_sources) + self._read_files
-                if attempt < 4 and self._left_out_corrupt(exc, read):
+                if attempt < 4 and self.leave_out_corrupt(exc, read):
                     continue  # validate_files now leaves the corrupt file(s) out
                 raise WarehouseQueryError(
                     f"reading the warehouse failed: {_first_line(exc)}"
@@ -823,20 +823,20 @@ class WarehouseQuery:
                 if attempt < 3 and _vanished(exc):
                     self.refresh()
                     continue
-                if attempt < 3 and self._left_out_corrupt(exc):
+                if attempt < 3 and self.leave_out_corrupt(exc):
                     self.refresh()
                     continue
                 raise WarehouseQueryError(
                     f"reading the warehouse failed: {_first_line(exc)}"
                 ) from None
             except duckdb.Error as exc:
-                if attempt < 3 and self._left_out_corrupt(exc):
+                if attempt < 3 and self.leave_out_corrupt(exc):
                     self.refresh()
                     continue
                 raise WarehouseQueryError(self._explain(query, exc)) from None
         raise AssertionError("unreachable")
 
-    def _left_out_corrupt(self, exc: BaseException, files: list[Path] | None = None) -> bool:
+    def leave_out_corrupt(self, exc: BaseException, files: list[Path] | None = None) -> bool:
         """After a DuckDB error that may come from a file's bytes: find the file(s) whose
         data pages do not decode among `files` (default: the snapshot's), so the next build
         leaves them out (validate's cache marks them bad). True if any was found."""

@@ -257,6 +257,10 @@ def create_app(lw: LiveWarehouse, *, allowed_hosts: list[str] | None = None) -> 
             "total_turns": total_turns,
             "scores": data.scores(lw, run_id, episode_id) if ep else [],
             "prompt": present.prompt_messages(ep.get("prompt_messages")) if ep else [],
+            # its turns file, when the snapshot left it out as bad (named, not "no turns")
+            "bad_turns_file": next(
+                (b for b in lw.info.bad_files if f"/run_id={run_id}/{episode_id}." in b), None
+            ),
         }
 
     @app.get("/runs/{run_id}/episodes/{episode_id}", response_class=HTMLResponse)

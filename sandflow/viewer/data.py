@@ -379,16 +379,19 @@ def turns(
     """Turns start .. start+n-1 of an episode (keyset on turn_index), from the committed
     turns (its attempt's own file when `write_id` names one), or from its journal when
     `partial`."""
-    view = "partial_turns" if partial else "turns"
-    if not partial and write_id:
-        own = lw.episode_turns_source(run_id, episode_id, write_id)
-        if own is not None:
-            view = f"({own})"
-    return lw.fetch(
-        f"SELECT {TURN_COLUMNS} FROM {view} WHERE run_id = ? AND episode_id = ? "
-        "AND turn_index >= ? ORDER BY turn_index LIMIT ?",
-        [run_id, episode_id, start, n],
-    ).rows
+
+    def query() -> str:  # built per attempt: a corrupt own file is left out, then the view
+        view = "partial_turns" if partial else "turns"
+        if not partial and write_id:
+            own = lw.episode_turns_source(run_id, episode_id, write_id)
+            if own is not None:
+                view = f"({own})"
+        return (
+            f"SELECT {TURN_COLUMNS} FROM {view} WHERE run_id = ? AND episode_id = ? "
+            "AND turn_index >= ? ORDER BY turn_index LIMIT ?"
+        )
+
+    return lw.fetch(query, [run_id, episode_id, start, n]).rows
 
 
 def usage_labels(

@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -242,24 +242,44 @@ class LiveWarehouse:
     # ---- querying ----------------------------------------------------------------------
     def fetch(
         self,
-        sql: str,
+        sql: str | Callable[[], str],
         params: Sequence[Any] | None = None,
         *,
         limit: int | None = None,
         timeout_s: float | None = None,
     ) -> Result:
-        """Run the viewer's own (parameterised) SQL; rows as dicts, secrets masked."""
-        for attempt in range(2):
+        """Run the viewer's own (parameterised) SQL; rows as dicts, secrets masked.
+
+        As `sandflow sql` does: a file that vanished under a compaction, or whose data pages
+        turn out not to decode, is left out (the page's banner names it) and the query runs
+        again on a rebuilt snapshot, instead of failing the page. `sql` may be a function
+        that builds the query from the current snapshot (one naming a file directly is
+        built again after that file was left out)."""
+        for attempt in range(3):
             try:
-                return self._fetch(sql, params, limit, timeout_s)
-            except duckdb.IOException as exc:
-                if attempt == 0 and _vanished(exc):
+                return self._fetch(sql() if callable(sql) else sql, params, limit, timeout_s)
+            except duckdb.InterruptException:
+                raise
+            except duckdb.Error as exc:
+                if attempt < 2 and isinstance(exc, duckdb.IOException) and _vanished(exc):
                     self.refresh_now()  # a compaction removed a file this snapshot listed
                     continue
-                raise WarehouseQueryError(
-                    f"reading the warehouse failed: {_first_line(exc)}"
-                ) from None
+                if attempt < 2 and self._leave_out_corrupt(exc):
+                    self.refresh_now()  # the rebuilt snapshot leaves the bad file out
+                    continue
+                if isinstance(exc, duckdb.IOException):
+                    raise WarehouseQueryError(
+                        f"reading the warehouse failed: {_first_line(exc)}"
+                    ) from None
+                raise
         raise AssertionError("unreachable")
+
+    def _leave_out_corrupt(self, exc: duckdb.Error) -> bool:
+        """Find the file(s) behind `exc` whose pages do not decode (validate's cache marks
+        them bad, so the next snapshot leaves them out); True if any was found."""
+        with self._lock:
+            q = self._q
+            return q is not None and q.leave_out_corrupt(exc)
 
     def user_sql(self, sql: str, *, limit: int) -> Result:
         """A query typed into the SQL box: one SELECT, bounded in time and rows."""

@@ -141,3 +141,37 @@ def test_cli_errors_and_help(tmp_path: Path) -> None:
     assert res.exit_code == 1 and "does not exist" in res.output
     res = runner.invoke(app, ["view", "--help"], env={"COLUMNS": "200"})
     assert res.exit_code == 0 and "--sql-timeout" in res.output and "side by side" in res.output
+
+
+def test_a_corrupt_turns_file_is_named_not_a_server_error(tmp_path: Path) -> None:
+    """A file whose data pages do not decode (a torn copy, a bad disk) is found when a
+    page reads it, left out like `sandflow sql` leaves it out, and named: on its
+    episode's page in place of the turns, and in every page's banner. The other
+    episodes still read, and the SQL box counts without it."""
+    from tests.warehouse.factory import make_episode, record
+    from warehouse import Warehouse
+
+    root = tmp_path / "wh"
+    run = "pytest-view-corrupt"
+    with Warehouse(root).writer(durability="flush") as w:
+        eps = [make_episode(run, f"t{k}", turns=3) for k in range(3)]
+        for ep, turns in eps:
+            record(w, ep, turns)
+    victim = eps[1][0].episode_id
+    (bad,) = (root / "turns" / f"run_id={run}").glob(f"{victim}.*.parquet")
+    data_ = bytearray(bad.read_bytes())
+    for i in range(200, min(len(data_) // 2, 1200)):  # the pages, not the header or footer
+        data_[i] ^= 0x5A
+    bad.write_bytes(bytes(data_))
+    srv = start_viewer(root)
+    try:
+        r = httpx.get(f"{srv.url}/runs/{run}/episodes/{victim}")
+        assert r.status_code == 200, r.text[-800:]
+        assert "turns are in a file left out as bad" in r.text and bad.name in r.text
+        ok = httpx.get(f"{srv.url}/runs/{run}/episodes/{eps[0][0].episode_id}")
+        assert ok.status_code == 200 and ok.text.count('class="turn') >= 3
+        assert "1 bad file(s) left out" in ok.text and bad.name in ok.text
+        r = httpx.get(srv.url + "/sql", params={"q": "SELECT count(*) AS n FROM turns"})
+        assert r.status_code == 200 and ">6<" in r.text.replace(" ", ""), r.text[-1500:]
+    finally:
+        srv.stop()
