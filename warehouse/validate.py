@@ -265,24 +265,35 @@ def _decode_all(path: Path) -> str | None:
     return _decode_pyarrow(path) or _decode_duckdb(path)
 
 
-def _decode_duckdb(path: Path) -> str | None:
-    con = duckdb.connect(":memory:")
-    try:
+_verifier = threading.local()  # one DuckDB connection per verifying thread
+
+
+def _verifier_connection() -> duckdb.DuckDBPyConnection:
+    """The thread's own connection: opening one costs ~10 ms, more than reading a small
+    file, and `warehouse check` reads tens of thousands of them."""
+    con = getattr(_verifier, "con", None)
+    if con is None:
+        con = duckdb.connect(":memory:")
         con.execute("SET threads = 1")
         con.execute("SET enable_progress_bar = false")
+        _verifier.con = con
+    return con
+
+
+def _decode_duckdb(path: Path) -> str | None:
+    con = _verifier_connection()
+    try:
         # hash of the whole row: every column chunk is read and decoded, nothing is kept
         con.execute(
             "SELECT bit_xor(hash(t)) FROM read_parquet(?, hive_partitioning = false) t",
             [str(path)],
         ).fetchall()
-    except duckdb.IOException as exc:
-        if not path.exists():
+    except duckdb.Error as exc:
+        _verifier.con = None  # a fresh connection after any failure
+        con.close()
+        if isinstance(exc, duckdb.IOException) and not path.exists():
             return _VANISHED
         return f"corrupt data pages: {_first(exc)}"
-    except duckdb.Error as exc:
-        return f"corrupt data pages: {_first(exc)}"
-    finally:
-        con.close()
     return None
 
 
