@@ -60,6 +60,26 @@ def _settings(**overrides: Any) -> Any:
         _fail(f"invalid setting {name} (SANDFLOW_{name.upper()} or sandflow.toml): {msg}")
 
 
+def _run_spec(s: Any, **flags: Any) -> Any:
+    """The RunSpec of `bench` and `flows run`: what the settings decide (endpoint, sampling,
+    sandbox backend, image and network, reuse, recording), then the command's own flags."""
+    from tasks.spec import RunSpec
+
+    settled = {
+        "model": s.model,
+        "base_url": s.base_url,
+        "temperature": s.temperature,
+        "max_tokens": s.max_tokens,
+        "warehouse": str(s.warehouse),
+        "backend": s.backend,
+        "image": s.image,
+        "network": s.network,
+        "sandbox_reuse": s.sandbox_reuse or "fresh",
+        "durability": s.durability,
+    }
+    return RunSpec(**{**settled, **flags})
+
+
 def _quiet_prefect(verbose: bool) -> None:
     """Prefect's INFO logs would scroll over the progress bars; keep warnings and errors."""
     if not verbose:
@@ -383,26 +403,19 @@ def bench(
     _check_run_free(str(s.warehouse), run_id, wait)
     from analysis.nightly_report import RegressionFound
     from flows.nightly import benchmark_flow
-    from tasks.spec import RunSpec
 
-    spec = RunSpec(
+    spec = _run_spec(
+        s,
         task_set=source,
-        model=s.model,
-        base_url=s.base_url,
         mode=mode,
         samples=samples,
         concurrency=concurrency,
         max_sandboxes=max_sandboxes,
         max_model_calls=max_model_calls,
         max_steps=max_steps,
-        temperature=s.temperature,
         max_tokens=max_tokens,
         wall_clock_s=wall_clock_s,
-        warehouse=str(s.warehouse),
         run_id=run_id,
-        network=s.network,
-        sandbox_reuse=s.sandbox_reuse or "fresh",
-        durability=s.durability,
         series=series,
         wait_for_lock=wait,
     )
@@ -538,33 +551,23 @@ def cmd_run(
     _quiet_prefect(verbose)
     from flows.run import run_flow
     from sandflow.commands.progress import RichEpisodeProgress
-    from tasks.spec import RunSpec
 
     s = _settings(
         model=model, base_url=base_url, warehouse=warehouse, network=network,
         durability=durability_value(durability),
     )
     _check_run_free(str(s.warehouse), run_id, wait)
-    spec = RunSpec(
+    spec = _run_spec(
+        s,
         task_set=task_set,
-        model=s.model,
-        base_url=s.base_url,
         mode=mode,
         samples=samples,
         concurrency=concurrency,
         max_sandboxes=max_sandboxes,
         max_model_calls=max_model_calls,
         max_steps=max_steps,
-        temperature=s.temperature,
-        max_tokens=s.max_tokens,
         wall_clock_s=wall_clock_s,
-        warehouse=str(s.warehouse),
         run_id=run_id,
-        network=s.network,
-        sandbox_reuse=s.sandbox_reuse or "fresh",
-        durability=s.durability,
-        backend=s.backend,
-        image=s.image,
         retries=retries,
         logprobs=logprobs,
         return_token_ids=token_ids,

@@ -86,3 +86,32 @@ def test_the_flag_beats_the_environment_and_the_run_records_its_mode(
     assert {rid: json.loads(got[rid])["durability"] for rid in runs} == {
         rid: mode for rid, (_, mode) in runs.items()
     }
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_bench_and_flows_run_take_the_same_settings(tmp_path: Path, model: ScriptedModel) -> None:
+    """Both commands build their RunSpec from the settings the same way: the sandbox
+    backend, the durability and the network come from SANDFLOW_* for `bench` too (it
+    once ran docker whatever SANDFLOW_BACKEND said)."""
+    ts = write_tasks(tmp_path / "t.parquet", tiny_tasks(1))
+    wh = tmp_path / "wh"
+    env = {"SANDFLOW_BACKEND": "bwrap", "SANDFLOW_DURABILITY": "sync", "SANDFLOW_NETWORK": "open"}
+    common = ["--mode", "llm", "--base-url", model.url, "--model", "scripted"]
+    common += ["--warehouse", str(wh)]
+    rids = [new_run_id("same-run"), new_run_id("same-bench")]
+    res = runner.invoke(app, ["flows", "run", str(ts), "--run-id", rids[0], *common], env=env)
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(
+        app, ["bench", "--suite", str(ts), "--run-id", rids[1], "--no-rollouts", *common], env=env
+    )
+    assert res.exit_code == 0, res.output
+    from warehouse.query import WarehouseQuery
+
+    with WarehouseQuery(wh) as q:
+        got = dict(q.rows("SELECT run_id, config FROM runs"))
+    seen = {
+        rid: {k: json.loads(got[rid])[k] for k in ("backend", "durability", "network")}
+        for rid in rids
+    }
+    want = {"backend": "bwrap", "durability": "sync", "network": "open"}
+    assert seen == {rid: want for rid in rids}
