@@ -189,6 +189,27 @@ def _preflight_model(cfg: Any, model_given: bool) -> Any:
         raise RunConfigError(str(exc)) from None
 
 
+def _prewarm_sandboxes(spec: RunSpec, pending: list[EpisodeSpec]) -> None:
+    """Start the warm pool's first sandboxes (one per concurrent sandbox episode) now.
+
+    Why: they start while the run still checks its endpoint and writes its run record,
+    and all together (the pool paces bigger bursts), instead of one by one as the first
+    episodes ask. Only when episodes run in this process (the thread task runner): a
+    Dask worker keeps its own pool.
+    """
+    n = sum(1 for s in pending if s.mode == "sandbox")
+    if not n or spec.sandbox_reuse != "pool":
+        return
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or not isinstance(ctx.task_runner, ThreadPoolTaskRunner):
+        return
+    from sandbox import prewarm
+
+    prewarm(spec.to_sandbox_config(spec.run_id), min(n, spec.max_sandboxes or spec.concurrency))
+
+
 def execute_run(spec: RunSpec) -> dict[str, Any]:
     """The body of the run flow (must run inside a Prefect flow: it submits tasks).
 
@@ -241,6 +262,7 @@ def _execute_locked(
     if "sandbox" in MODES[spec.mode] and pending:
         image = _check_image(spec.backend, spec.image)
     spec = spec.model_copy(update={"run_id": rid, "warehouse": root, "image": image})
+    _prewarm_sandboxes(spec, pending)
     previous = wh.run_info(rid)
     outcomes: list[dict[str, Any]] = []
     failures: list[str] = []

@@ -37,6 +37,7 @@ __all__ = [
     "SandboxLimits",
     "acquire",
     "open_sandbox",
+    "prewarm",
 ]
 
 
@@ -77,3 +78,18 @@ def acquire(config: SandboxConfig | None = None) -> Sandbox:
     from sandbox.pool import pool_for
 
     return pool_for(config).acquire(config)
+
+
+def prewarm(config: SandboxConfig, n: int) -> int:
+    """Start `n` sandboxes of `config`'s kind in the background, ready for `acquire`.
+
+    Why: a run knows how many episodes it will hold at once before the first one asks;
+    creating their sandboxes while it sets up (and all at once, paced) takes the engine's
+    start time off the first episodes. A no-op (0) for fresh-per-episode sandboxes and
+    for unpooled networks; returns how many are idle now (the rest start in the background).
+    """
+    if n < 1 or config.reuse == "fresh" or config.limits.network not in POOLED_NETWORKS:
+        return 0
+    from sandbox.pool import pool_for
+
+    return pool_for(config).prewarm(n, wait=False)

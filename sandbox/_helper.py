@@ -350,11 +350,14 @@ class Shell:
         for fd in (self.stdin, self.out, self.err):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        for _ in range(100):
+        pause = 0.0002  # a killed bash is gone in well under a millisecond
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
             reap()
             if self.pid in DEAD:
                 break
-            time.sleep(0.005)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
 
     def waiting_for_input(self):
         """Is the shell blocked reading its next command from us (syscall read on fd 0)?"""
@@ -1027,13 +1030,69 @@ def sysvipc_ids():
     return out
 
 
-def listening_sockets():
-    """Sockets of this network namespace that a process would hold: listeners, udp, unix."""
+TCP_LISTEN = 10
+SOCK_DIAG_BY_FAMILY = 20
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+
+
+def tcp_listeners_netlink(family):
+    """["tcp:<family>:<address hex>:<port>"] of this namespace's TCP listeners (sock_diag).
+
+    Why not /proc/net/tcp: reading it walks the kernel's whole established-connection hash
+    table, shared by every namespace of the host (about 5 ms per file here, 10 of a 22 ms
+    reset); a LISTEN-only dump walks the listeners of this namespace alone. Raises OSError
+    when the kernel refuses (the caller falls back to /proc).
+    """
+    import socket
+    import struct
+
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4)  # NETLINK_SOCK_DIAG
+    try:
+        sock.settimeout(2.0)
+        req = struct.pack("=BBBxI48x", family, socket.IPPROTO_TCP, 0, 1 << TCP_LISTEN)
+        sock.send(struct.pack("=IHHII", 16 + len(req), SOCK_DIAG_BY_FAMILY, 0x301, 1, 0) + req)
+        out = []
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                raise OSError("sock_diag: the dump ended early")
+            at = 0
+            while at + 16 <= len(data):
+                size, kind = struct.unpack_from("=IH", data, at)
+                if size < 16 or at + size > len(data):
+                    raise OSError("sock_diag: malformed message")
+                if kind == NLMSG_DONE:
+                    return sorted(out)
+                if kind == NLMSG_ERROR:
+                    raise OSError("sock_diag: refused")
+                if kind == SOCK_DIAG_BY_FAMILY and size >= 16 + 24:
+                    body = data[at + 16 : at + size]
+                    port = struct.unpack_from(">H", body, 4)[0]
+                    out.append(f"tcp:{family}:{body[8:24].hex()}:{port}")
+                    if len(out) > 100000:
+                        raise OSError("sock_diag: too many listeners")
+                at += (size + 3) & ~3
+    finally:
+        sock.close()
+
+
+def tcp_listeners():
+    """This namespace's TCP listeners (v4 and v6): sock_diag, else /proc/net/tcp{,6}."""
+    try:
+        return tcp_listeners_netlink(2) + tcp_listeners_netlink(10)
+    except OSError:
+        pass
     out = []
     for name in ("tcp", "tcp6"):
         with contextlib.suppress(OSError), open(f"/proc/net/{name}") as f:
             next(f, None)
             out += [f"{name}:{ln.split()[1]}" for ln in f if ln.split()[3:4] == ["0A"]]
+    return out
+
+
+def listening_sockets():
+    """Sockets of this network namespace that a process would hold: listeners, udp, unix."""
+    out = tcp_listeners()
     for name in ("udp", "udp6", "raw", "raw6", "unix"):
         with contextlib.suppress(OSError), open(f"/proc/net/{name}") as f:
             next(f, None)

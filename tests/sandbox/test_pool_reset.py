@@ -274,7 +274,10 @@ def test_pacer_ramps_up_and_backs_off() -> None:
     pacer = CreationPacer(rate=10, rate_min=1, rate_max=40)
     stop = threading.Event()
     t0 = time.monotonic()
-    for _ in range(21):  # 1 token at hand, then 10/s
+    for _ in range(10):  # the bucket starts full: one second's worth at once
+        assert pacer.wait(stop)
+    assert time.monotonic() - t0 < 0.8  # one token at hand would make these 10 take >= 0.9 s
+    for _ in range(20):  # then 10/s
         assert pacer.wait(stop)
     assert time.monotonic() - t0 >= 1.5  # the bound itself: 20 tokens at 10/s take >= 2 s
     for _ in range(5):
@@ -405,3 +408,74 @@ def test_reset_outruns_a_forking_background_loop(
     r = again.exec("ps -eo args --no-headers | grep -c -e '[w]hile :' -e '[s]leep 0.05'")
     assert r.stdout.strip() == "0"
     again.close()
+
+
+def test_a_waiter_takes_the_sandbox_coming_back_from_its_reset(
+    pool: Callable[..., SandboxPool],
+    make_config: Callable[..., SandboxConfig],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An acquire while a reset is under way waits for it instead of creating a sandbox
+    (a reset is ~10 ms, a creation 0.15-2 s and ~0.2 s of engine CPU)."""
+    import sandbox.pool as pool_mod
+
+    monkeypatch.setattr(pool_mod, "RESET_WAIT_S", 60.0)  # the policy, not the fallback's timing
+    p = pool()
+    first = p.acquire(make_config("back-1"))
+    name = first.name
+    first.exec("echo x > /testbed/left")
+    first.close()  # reset in the background; the next acquire comes at once
+    second = p.acquire(make_config("back-2"))
+    try:
+        assert second.name == name and p.stats.created == 1, p.stats
+        assert second.exec("ls /testbed").stdout == ""
+    finally:
+        second.close()
+
+
+def test_prewarm_starts_the_pool_for_a_config(make_config: Callable[..., SandboxConfig]) -> None:
+    from sandbox import prewarm
+    from sandbox.pool import close_all, pool_for
+
+    assert prewarm(make_config("no-pool"), 2) == 0  # fresh per episode: nothing to warm
+    cfg = make_config("warm").model_copy(update={"reuse": "pool"})
+    try:
+        prewarm(cfg, 2)
+        p = pool_for(cfg)
+        _wait_idle(p, 2)
+        assert p.stats.created == 2
+        sb = p.acquire(cfg)
+        assert sb.exec("echo ok").stdout == "ok\n" and p.stats.created == 2
+        sb.close()
+    finally:
+        close_all()
+
+
+def test_the_reset_listener_check_sees_tcp_listeners(
+    make_config: Callable[..., SandboxConfig],
+) -> None:
+    """The reset's socket check (sock_diag, LISTEN only) sees what /proc/net/tcp shows."""
+    from sandbox.protocol import helper_source
+
+    with open_sandbox(make_config("listeners")) as sb:
+        sb.write_file("/tmp/sfhelper.py", helper_source())
+        script = (
+            "import socket, sys\n"
+            "sys.path.insert(0, '/tmp'); import sfhelper as h\n"
+            "print(h.tcp_listeners_netlink(2) + h.tcp_listeners_netlink(10))\n"
+            "a = socket.socket(); a.bind(('127.0.0.1', 8080)); a.listen()\n"
+            "b = socket.socket(); b.bind(('0.0.0.0', 8082)); b.listen()\n"
+            "c = socket.socket(); c.connect(('127.0.0.1', 8080))\n"
+            "print(h.tcp_listeners_netlink(2) + h.tcp_listeners_netlink(10))\n"
+            "rows = open('/proc/net/tcp').read().splitlines()[1:]\n"
+            "print(sorted(int(r.split()[1].split(':')[1], 16) for r in rows if r.split()[3] == '0A'))\n"
+        )
+        sb.write_file("/tmp/probe.py", script)
+        r = sb.exec("python3 /tmp/probe.py")
+    assert r.exit_code == 0, r.stderr
+    before, after, proc = r.stdout.splitlines()
+    assert before == "[]"
+    assert after == (
+        "['tcp:2:00000000000000000000000000000000:8082', 'tcp:2:7f000001000000000000000000000000:8080']"
+    )
+    assert proc == "[8080, 8082]"  # the same listeners as /proc; the connection is not one
