@@ -1,6 +1,6 @@
 """The egress proxy (network allowlist) against a direct download, measured in the same run.
 
-    .venv/bin/python benchmarks/egress.py [--mb 50] [--reps 7] [--sandboxes 20]
+    .venv/bin/python benchmarks/egress.py [--mb 50] [--reps 15] [--sandboxes 20]
 
 Every "outside" is a listener this script starts: a static file server on the host side of
 a docker network the script creates for it (`--internal`: no route anywhere else), and a
@@ -8,13 +8,18 @@ pypiserver with a wheel it builds on 127.0.0.1; the sandboxes reach them only as
 
 The download comparison is one client in one place: curl inside ONE sandbox that sits on
 both the policy's egress network (its proxy) and the script's network (a direct route to
-the same file server). Each repetition fetches the same --mb file directly, through the
-proxy's CONNECT tunnel (how every HTTPS download crosses it, PyPI's included) and by
-plain-HTTP forwarding (squid parses the reply and writes it to its cache: the path a
-cached package takes); one warm-up round first, rounds interleaved, medians.
+the same file server: docker's default bridge, MTU 1500, what a sandbox on a plain network
+gets). Each repetition fetches the same --mb file directly, through the proxy's CONNECT
+tunnel (how every HTTPS download crosses it, PyPI's included), by plain-HTTP forwarding
+(squid parses the reply and writes it to its cache: the path a cached package takes), and
+directly over a second script network at the egress network's own MTU (sandbox/egress.py
+EGRESS_MTU), so the proxy's own cost is shown like for like; one warm-up round first,
+rounds interleaved, medians of 15 (at 7 the median moved 1.18-1.37x between runs on the
+2 shared cores).
 
 Figures:
   proxy_download_ratio      tunnel p50 / direct p50, same sandbox, same curl   goal <= 1.3
+  proxy_download_ratio_same_mtu  tunnel p50 / direct p50 at the egress MTU    shown
   proxy_http_forward_ratio  forwarded (cache miss, stored) p50 / direct p50    shown
   host_proxy_download_ratio the tunnel vs direct measured by curl on the host (the old method)
   proxy_download_ratio_at_100MBps  the same two at a fast link's speed (curl --limit-rate 100M)
@@ -132,20 +137,20 @@ def host_curl(url: str, proxy: str | None) -> float:
 
 
 def squid_cpu_s(ep: egress.Endpoint) -> float:
-    """CPU seconds used so far by the policy's squid (master and kid: both name its config)."""
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
+    """CPU seconds used so far by the policy's squid (master and kid: both name its config;
+    every thread), from the scheduler's nanosecond counters (/proc/<pid>/task/*/schedstat)."""
+    total_ns = 0
     for proc in Path("/proc").iterdir():
         try:
             if not proc.name.isdigit() or (proc / "comm").read_text().strip() != "squid":
                 continue
             if str(ep.state_dir) not in (proc / "cmdline").read_bytes().decode(errors="replace"):
                 continue
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in (proc / "task").iterdir():
+                total_ns += int((task / "schedstat").read_text().split()[0])
         except (OSError, IndexError, ValueError):
             continue
-    return total
+    return total_ns / 1e9
 
 
 def main() -> None:
@@ -153,7 +158,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--mb", type=int, default=50)
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--sandboxes", type=int, default=20)
     ap.add_argument("--concurrency", type=int, default=4)
     args = ap.parse_args()
@@ -171,10 +176,19 @@ def main() -> None:
     procs: list[subprocess.Popen[bytes]] = []
     net_name = f"{BENCH_NET}-{os.getpid()}"
     net = api.create_network(net_name, driver="bridge", internal=True)
+    # the like-for-like floor: a direct route at the egress network's own MTU
+    big_name = f"{net_name}-mtu"
+    big = api.create_network(
+        big_name,
+        driver="bridge",
+        internal=True,
+        options={"com.docker.network.driver.mtu": str(egress.EGRESS_MTU)},
+    )
     ep: egress.Endpoint | None = None
     try:
         info = api.inspect_network(net["Id"])
         gw = info["IPAM"]["Config"][0]["Gateway"].split("/")[0]
+        big_gw = api.inspect_network(big["Id"])["IPAM"]["Config"][0]["Gateway"].split("/")[0]
         index_port = free_port("127.0.0.1")
         index_log = work / "index-requests.log"
         procs.append(
@@ -187,16 +201,18 @@ def main() -> None:
             )
         )
         files_port = free_port(gw)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "http.server", str(files_port), "--bind", gw],
-                cwd=work / "files",
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+        for address in (gw, big_gw):  # the same file server on both direct routes
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "http.server", str(files_port), "--bind", address],
+                    cwd=work / "files",
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             )
-        )
         wait_port("127.0.0.1", index_port)
         wait_port(gw, files_port)
+        wait_port(big_gw, files_port)
         limits = SandboxLimits(
             memory_mb=512,
             pids=128,
@@ -211,7 +227,8 @@ def main() -> None:
             egress_hosts=("pypi.test=127.0.0.1", "meta.test=169.254.169.254"),
         )
         ep = egress.endpoint_for(api, limits)
-        fig = run(args, api, ep, limits, gw, net_name, files_port, index_port, index_log)
+        routes = {"direct": (net_name, gw), "same_mtu": (big_name, big_gw)}
+        fig = run(args, api, ep, limits, routes, files_port, index_port, index_log)
     finally:
         if ep is not None:
             egress.teardown(api, ep)
@@ -219,10 +236,11 @@ def main() -> None:
         for p in procs:
             p.kill()
             p.wait()
-        try:
-            api.remove_network(net["Id"])
-        except Exception as exc:  # noqa: BLE001 - report and go on
-            print(f"bench network {net_name} left in place: {exc}")
+        for name in (net_name, big_name):
+            try:
+                api.remove_network(name)
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                print(f"bench network {name} left in place: {exc}")
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(fig))
 
@@ -232,33 +250,42 @@ def run(
     api: Any,
     ep: egress.Endpoint,
     limits: SandboxLimits,
-    gw: str,
-    net_name: str,
+    routes: dict[str, tuple[str, str]],
     files_port: int,
     index_port: int,
     index_log: Path,
 ) -> dict[str, Any]:
+    gw = routes["direct"][1]
     url = f"http://{gw}:{files_port}/blob.bin"
+    same_mtu_url = f"http://{routes['same_mtu'][1]}:{files_port}/blob.bin"
     cfg = SandboxConfig(run_id=RUN_ID, episode_id="probe", limits=limits)
     with open_sandbox(cfg) as sb:
         assert isinstance(sb, DockerSandbox)
-        api.connect_container_to_network(sb.container_id, net_name)  # the direct route
+        for net_name, _ in routes.values():  # the direct routes
+            api.connect_container_to_network(sb.container_id, net_name)
 
-        def curl(flags: str, tag: str) -> float:
+        def curl(flags: str, tag: str, at: str = url) -> float:
             r = sb.exec(
-                f"curl -sf {flags} -o /dev/null -w '%{{time_total}}' '{url}?{tag}'", timeout=300
+                f"curl -sf {flags} -o /dev/null -w '%{{time_total}}' '{at}?{tag}'", timeout=300
             )
             if r.exit_code != 0:
                 raise RuntimeError(f"curl {flags} {tag}: exit {r.exit_code} {r.stderr[-300:]}")
             return float(r.stdout)
 
-        ways = {"direct": "--noproxy '*'", "tunnel": "--proxytunnel", "forward": ""}
+        # direct: docker's default bridge (MTU 1500), what a sandbox on a plain network gets;
+        # same_mtu: a direct route at the egress network's MTU (what the proxy itself costs)
+        ways = {
+            "direct": ("--noproxy '*'", url),
+            "same_mtu": ("--noproxy '*'", same_mtu_url),
+            "tunnel": ("--proxytunnel", url),
+            "forward": ("", url),
+        }
         times: dict[str, list[float]] = {k: [] for k in ways}
         cpu: list[float] = []
         for i in range(args.reps + 1):  # round 0 warms up (page cache, squid's first objects)
-            for way, flags in ways.items():
+            for way, (flags, at) in ways.items():
                 c0 = squid_cpu_s(ep)
-                t = curl(flags, f"{way[0]}={i}")
+                t = curl(flags, f"{way[0]}={i}", at)
                 if i > 0:
                     times[way].append(t)
                     if way == "tunnel":
@@ -268,18 +295,21 @@ def run(
         link: dict[str, list[float]] = {"direct": [], "tunnel": []}
         for i in range(3):
             for way in link:
-                link[way].append(curl(f"{ways[way]} --limit-rate 100M", f"l{way[0]}={i}"))
+                link[way].append(curl(f"{ways[way][0]} --limit-rate 100M", f"l{way[0]}={i}"))
         link_ratio = p50(link["tunnel"]) / p50(link["direct"])
         fwd_ratio = p50(times["forward"]) / p50(times["direct"])
+        same_mtu_ratio = p50(times["tunnel"]) / p50(times["same_mtu"])
         host_direct, host_tunnel = [], []
         for i in range(3):
             host_direct.append(host_curl(f"{url}?hd={i}", None))
             host_tunnel.append(host_curl(f"{url}?ht={i}", ep.proxy_url))
         host_ratio = p50(host_tunnel) / p50(host_direct)
-        api.disconnect_container_from_network(sb.container_id, net_name)  # probes: egress only
+        for net_name, _ in routes.values():  # the probes below: the egress network only
+            api.disconnect_container_from_network(sb.container_id, net_name)
         print(
             f"download {args.mb} MB in one sandbox: direct p50 {p50(times['direct']):.3f}s, "
-            f"proxy tunnel {p50(times['tunnel']):.3f}s -> {ratio:.2f}x (goal <= 1.3); plain-HTTP "
+            f"proxy tunnel {p50(times['tunnel']):.3f}s -> {ratio:.2f}x (goal <= 1.3); direct at "
+            f"the egress MTU {p50(times['same_mtu']):.3f}s -> tunnel {same_mtu_ratio:.2f}x; plain-HTTP "
             f"forwarding {p50(times['forward']):.3f}s -> {fwd_ratio:.2f}x; on the host "
             f"{host_ratio:.2f}x; at 100 MB/s {link_ratio:.2f}x; squid CPU {p50(cpu):.3f}s per "
             "tunnelled download"
@@ -335,6 +365,9 @@ def run(
         "direct_p50_s": round(p50(times["direct"]), 4),
         "proxy_p50_s": round(p50(times["tunnel"]), 4),
         "proxy_download_ratio": round(ratio, 3),
+        "direct_same_mtu_p50_s": round(p50(times["same_mtu"]), 4),
+        "proxy_download_ratio_same_mtu": round(same_mtu_ratio, 3),
+        "egress_mtu": egress.EGRESS_MTU,
         "proxy_http_forward_p50_s": round(p50(times["forward"]), 4),
         "proxy_http_forward_ratio": round(fwd_ratio, 3),
         "host_proxy_download_ratio": round(host_ratio, 3),

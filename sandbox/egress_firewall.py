@@ -40,6 +40,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sandbox import log_tail
+
 NFLOG_GROUP = int(os.environ.get("SANDFLOW_EGRESS_NFLOG_GROUP", "31413"))
 SNAP_BYTES = 128  # copied per packet: IPv4 + TCP/UDP headers, never the payload
 LOG_PER_SOURCE = "5/second"
@@ -281,32 +283,20 @@ def read(
     path: Path, bridge: str, client: str, since: float, until: float | None, cursor: list[int]
 ) -> list[Refusal]:
     """The refusals logged for `client` on `bridge` in [since, until), from `cursor[0]`
-    on (moved past the lines logged before `since`, as the access log's reader does)."""
-    try:
-        size = path.stat().st_size
-        start = cursor[0] if cursor[0] <= size else 0  # a smaller file: it was replaced
-        with open(path, "rb") as f:
-            f.seek(start)
-            data = f.read(MAX_READ_BYTES)
-    except OSError:
-        return []
-    out: list[Refusal] = []
-    pos, advance = start, True
-    for raw in data.splitlines(keepends=True):
-        if not raw.endswith(b"\n"):
-            break  # the daemon is still writing this line
-        rec = parse(raw)
-        if rec is not None and rec.time >= since:
-            advance = False  # a later call (since only moves forward) may want this line
-        if advance:
-            pos += len(raw)
-        if rec is None or rec.bridge != bridge or rec.client != client or rec.time < since:
-            continue
-        if until is not None and rec.time >= until:
-            continue
-        if len(out) < MAX_RECORDS:
-            out.append(rec)
-    cursor[0] = pos
+    on (moved past the lines logged before `since`: sandbox/log_tail.py, shared with the
+    access log's reader)."""
+    out, cursor[0] = log_tail.read_since(
+        path,
+        cursor[0],
+        since=since,
+        parse=parse,
+        time_of=lambda r: r.time,
+        keep=lambda r: (
+            r.bridge == bridge and r.client == client and (until is None or r.time < until)
+        ),
+        max_bytes=MAX_READ_BYTES,
+        max_records=MAX_RECORDS,
+    )
     return out
 
 
