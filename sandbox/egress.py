@@ -311,6 +311,10 @@ def ensure(api: Any, policy: EgressPolicy, hosts: dict[str, str] | None = None) 
         try:
             net = api.inspect_network(name)
         except docker.errors.NotFound:
+            net = None
+        if net is not None and _outdated(net) and _retire(api, net, ep_dir, bridge):
+            net = None
+        if net is None:
             net = api.create_network(
                 name,
                 driver="bridge",
@@ -323,11 +327,9 @@ def ensure(api: Any, policy: EgressPolicy, hosts: dict[str, str] | None = None) 
                 labels={"sandflow.egress": key},
             )
             net = api.inspect_network(net["Id"])
-        configs = (net.get("IPAM") or {}).get("Config") or []
-        gateway = next((c.get("Gateway") for c in configs if c.get("Gateway")), None)
+        gateway = _gateway(net)
         if not gateway:
             raise SandboxError(f"egress network {name}: the engine gave it no gateway address")
-        gateway = gateway.split("/")[0]
         try:
             egress_firewall.ensure_logger(STATE_ROOT)
         except RuntimeError as exc:
@@ -336,6 +338,36 @@ def ensure(api: Any, policy: EgressPolicy, hosts: dict[str, str] | None = None) 
         if not _pid_alive(ep_dir / "squid.pid"):
             start_squid(policy, ep_dir, gateway, PROXY_PORT, hosts)
     return Endpoint(name, gateway, PROXY_PORT, ep_dir)
+
+
+def _gateway(net: dict[str, Any]) -> str:
+    configs = (net.get("IPAM") or {}).get("Config") or []
+    gateway = next((c.get("Gateway") for c in configs if c.get("Gateway")), "")
+    return str(gateway).split("/")[0]
+
+
+def _outdated(net: dict[str, Any]) -> bool:
+    """An egress network made by an earlier version (docker's default MTU, not ours)."""
+    return (net.get("Options") or {}).get("com.docker.network.driver.mtu") != str(EGRESS_MTU)
+
+
+def _retire(api: Any, net: dict[str, Any], ep_dir: Path, bridge: str) -> bool:
+    """Remove an outdated egress network with its squid and rules, so the caller makes it
+    anew, when no sandbox is on it; False (kept, working as before) while one is. The
+    caller holds `ep_dir`'s lock. squid keeps its cache across the restart."""
+    import docker.errors
+
+    if net.get("Containers"):
+        return False
+    try:
+        api.remove_network(net["Id"])
+    except docker.errors.APIError:  # a sandbox joined since: the next start tries again
+        return False
+    log.info("egress network %s: replaced (made by an earlier version)", net.get("Name"))
+    stop_squid(ep_dir, drop_cache=False)  # it listened on the old network's gateway
+    if _gateway(net):
+        _remove_rules(bridge, _gateway(net), PROXY_PORT)
+    return True
 
 
 def state_key(policy: EgressPolicy, hosts: dict[str, str] | None) -> str:

@@ -8,7 +8,8 @@ writing; move the cursor only past lines logged before `since` (a reader's `sinc
 moves forward, so those lines are never wanted again, while a later line may still be
 wanted by a later turn whose window reaches it); start over from the top when the file
 shrank under the cursor (it was replaced or rotated); never stall on one line longer than
-the whole read: it is skipped.
+the whole read: it is skipped (neither daemon writes one: squid bounds a logged URL at 8 KB,
+the firewall's lines carry 128-byte header snaps: only a damaged file can have one).
 """
 
 from __future__ import annotations

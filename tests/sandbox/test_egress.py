@@ -755,3 +755,50 @@ def test_open_mode_still_refuses_forbidden_addresses_and_the_proxy_itself(
             assert all(x.rule.startswith("deny: forbidden address") for x in records)
     finally:
         stop_proxy(backend, ep)
+
+
+def test_the_egress_network_has_its_mtu_and_an_older_one_is_replaced_once_unused(
+    monkeypatch: pytest.MonkeyPatch, test_run_id: str
+) -> None:
+    """docker: the sandbox's egress interface has EGRESS_MTU (why: docs/sandbox.md, Speed).
+    A network made by an earlier version (docker's default 1500) is kept while a sandbox is
+    on it, and replaced (squid restarted on the new gateway, old rules gone) by the next
+    start of its policy once none is."""
+    why = proxy_unavailable("docker")
+    if why:
+        pytest.skip(why)
+    from sandbox.engine import docker_client
+
+    api = docker_client().api
+    lim = SandboxLimits(memory_mb=256, network="allowlist", egress_allow=("mtu-upgrade.test:80",))
+    cfg = SandboxConfig(backend="docker", run_id=test_run_id, episode_id="mtu", limits=lim)
+    mtu_of = lambda ep: api.inspect_network(ep.network)["Options"].get(  # noqa: E731
+        "com.docker.network.driver.mtu"
+    )
+    monkeypatch.setattr(egress, "EGRESS_MTU", 1500)  # as an earlier version made it
+    ep = old = egress.endpoint_for(api, lim)
+    try:
+        assert mtu_of(old) == "1500"
+        with open_sandbox(cfg) as sb:
+            monkeypatch.undo()
+            assert sb.exec("cat /sys/class/net/eth0/mtu").stdout.strip() == "1500"
+            ep = egress.endpoint_for(api, lim)  # a sandbox is on it: kept as it is
+            assert (ep.network, ep.gateway, mtu_of(ep)) == (old.network, old.gateway, "1500")
+        ep = egress.endpoint_for(api, lim)
+        assert mtu_of(ep) == str(egress.EGRESS_MTU)
+        with socket.create_connection((ep.gateway, ep.port), timeout=5):
+            pass  # squid listens on the new network's gateway
+        if ep.gateway != old.gateway:
+            accept = [
+                "INPUT",
+                "-i",
+                egress.BRIDGE_PREFIX + ep.network[len(egress.NETWORK_PREFIX) :],
+            ]
+            accept += ["-d", old.gateway, "-p", "tcp", "--dport", str(old.port), "-j", "ACCEPT"]
+            assert subprocess.run(["iptables", "-C", *accept], capture_output=True).returncode
+        with open_sandbox(cfg) as sb:
+            assert sb.exec("cat /sys/class/net/eth0/mtu").stdout.strip() == str(egress.EGRESS_MTU)
+            r = sb.exec("curl -s -o /dev/null -w '%{http_code}' http://not-listed.test/")
+            assert r.stdout == "403"  # through the restarted squid, refused by its rules
+    finally:
+        egress.teardown(api, ep)
