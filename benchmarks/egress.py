@@ -14,8 +14,8 @@ tunnel (how every HTTPS download crosses it, PyPI's included), by plain-HTTP for
 (squid parses the reply and writes it to its cache: the path a cached package takes), and
 directly over a second script network at the egress network's own MTU (sandbox/egress.py
 EGRESS_MTU), so the proxy's own cost is shown like for like; one warm-up round first,
-rounds interleaved, medians of 15 (at 7 the median moved 1.18-1.37x between runs on the
-2 shared cores).
+rounds interleaved, medians of 15 (medians of 7 moved 1.43-1.62x between two runs minutes
+apart on the 2 shared cores).
 
 Figures:
   proxy_download_ratio      tunnel p50 / direct p50, same sandbox, same curl   goal <= 1.3
