@@ -33,7 +33,15 @@ task runs) that the peer's figure leaves out too (its clock starts after its imp
 set-up). Without it the first timed run (the pool run) carried them alone: flush first
 and turn second, the same code measured 5.9 vs 8.4 ep/s (2026-11-23).
 
+Repeats: sandflow's timed runs (pool, fresh, flush, plain) run --repeat (3) times,
+interleaved, and each figure is the median run's (the lower middle for an even count);
+every run's figure is in the JSON line too. Why: one 32-episode flow takes 2-3 s here,
+so a load spike from another process on this shared 2-core host moved a single run's
+figure by 1.5-2x (21x-33x in consecutive runs of the same code, 2026-11-23), while the
+peer's one run lasts ~70 s and averages over such spikes by itself.
+
 Run:  .venv/bin/python benchmarks/peer.py [--tasks 32] [--turns 10] [--workers 4] [--warmup 4]
+      [--repeat 3]
 Ends with ONE JSON line.
 """
 
@@ -44,6 +52,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -315,6 +324,12 @@ def run_plain(taskset: Path, url: str, workers: int, turns: int, warehouse: Path
     return elapsed
 
 
+def _median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median throughput (the lower of the middle two for an even count)."""
+    ordered = sorted(results, key=lambda r: r["episodes_per_s"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=32)
@@ -325,8 +340,14 @@ def main() -> None:
     ap.add_argument(
         "--warmup", type=int, default=4, help="episodes of one untimed flow before the timed ones (0: none)"
     )
+    ap.add_argument(
+        "--repeat", type=int, default=3,
+        help="timed runs of each kind, interleaved; the figures are their medians (default 3)",
+    )  # fmt: skip
     ap.add_argument("--serve-model", type=int, metavar="TURNS", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     if args.serve_model is not None:
         serve_model(args.serve_model)
         return
@@ -362,29 +383,38 @@ def main() -> None:
             t_warm = time.perf_counter()
             run_sandflow(taskset_warm, model.url, args.workers, args.turns, work / "warehouse-warmup", reuse="pool")
             log(f"warm-up flow ({args.warmup} episodes, untimed): {time.perf_counter() - t_warm:.1f}s")
-        load["sandflow"] = loadavg()
-        summary = run_sandflow(taskset, model.url, args.workers, args.turns, work / "warehouse", reuse="pool")
-        if summary["succeeded"] != args.tasks or summary["terminations"] != {"submitted": args.tasks}:
-            raise RuntimeError(f"sandflow run incomplete: {summary}")
-        sf_rate = summary["episodes_per_s"]
-        log(f"sandflow (warm pool): {args.tasks} episodes in {summary['elapsed_s']:.1f}s ({sf_rate:.3f} ep/s)")
-        load["sandflow_fresh"] = loadavg()
-        fresh = run_sandflow(taskset, model.url, args.workers, args.turns, work / "warehouse-fresh")
-        if fresh["succeeded"] != args.tasks or fresh["terminations"] != {"submitted": args.tasks}:
-            raise RuntimeError(f"sandflow run (fresh sandboxes) incomplete: {fresh}")
-        log(f"sandflow, a fresh sandbox per episode: {fresh['elapsed_s']:.1f}s ({fresh['episodes_per_s']:.3f} ep/s)")
-        load["sandflow_flush"] = loadavg()
-        flush = run_sandflow(
-            taskset, model.url, args.workers, args.turns, work / "warehouse-flush", "flush", reuse="pool"
-        )
-        log(f"sandflow, durability=flush: {flush['elapsed_s']:.1f}s ({flush['episodes_per_s']:.3f} ep/s)")
-        load["plain"] = loadavg()
-        plain_s = run_plain(taskset, model.url, args.workers, args.turns, work / "warehouse-plain")
+        runs: dict[str, list[dict[str, Any]]] = {"pool": [], "fresh": [], "flush": []}
+        plain_runs: list[float] = []
+        for i in range(args.repeat):
+            # Interleaved (pool, fresh, flush, plain) x repeat: a load spike from elsewhere
+            # on the host hits one run of a kind, not all of them; each run starts with an
+            # empty pool and its own warehouse.
+            for kind, durability, reuse in (
+                ("pool", "turn", "pool"),
+                ("fresh", "turn", "fresh"),
+                ("flush", "flush", "pool"),
+            ):
+                load[f"{kind}_{i}"] = loadavg()
+                res = run_sandflow(
+                    taskset, model.url, args.workers, args.turns, work / f"warehouse-{kind}-{i}",
+                    durability, reuse=reuse,
+                )  # fmt: skip
+                if res["succeeded"] != args.tasks or res["terminations"] != {"submitted": args.tasks}:
+                    raise RuntimeError(f"sandflow run ({kind}) incomplete: {res}")
+                runs[kind].append(res)
+                log(f"sandflow {kind} #{i + 1}: {res['elapsed_s']:.2f}s ({res['episodes_per_s']:.3f} ep/s)")
+            load[f"plain_{i}"] = loadavg()
+            plain_runs.append(run_plain(taskset, model.url, args.workers, args.turns, work / f"warehouse-plain-{i}"))
+            log(f"plain thread pool (no Prefect) #{i + 1}: {plain_runs[-1]:.2f}s")
         load["end"] = loadavg()
-        log(f"plain thread pool (no Prefect): {plain_s:.1f}s ({args.tasks / plain_s:.3f} ep/s)")
     finally:
         model.stop()
         shutil.rmtree(work, ignore_errors=True)
+    summary = _median_run(runs["pool"])
+    fresh = _median_run(runs["fresh"])
+    flush = _median_run(runs["flush"])
+    plain_s = statistics.median(plain_runs)
+    sf_rate = summary["episodes_per_s"]
     peer_rate = (args.tasks / peer_s) if peer_s else None
     pref = summary["prefect"]
     out = {
@@ -404,6 +434,12 @@ def main() -> None:
         "peer_throughput_ratio_flush": round(flush["episodes_per_s"] / peer_rate, 2) if peer_rate else None,
         "prefect_gap_ms_mean": round(1000 * pref["gap_s_mean"], 1) if pref["gap_s_mean"] is not None else None,
         "episode_body_s_mean": round(pref["body_s_mean"], 3) if pref["body_s_mean"] is not None else None,
+        # every timed run, in order (the figures above are their medians)
+        "sandflow_runs_episodes_per_s": [round(r["episodes_per_s"], 3) for r in runs["pool"]],
+        "sandflow_fresh_runs_episodes_per_s": [round(r["episodes_per_s"], 3) for r in runs["fresh"]],
+        "sandflow_flush_runs_episodes_per_s": [round(r["episodes_per_s"], 3) for r in runs["flush"]],
+        "plain_runs_elapsed_s": [round(x, 2) for x in plain_runs],
+        "repeat": args.repeat,
         "tasks": args.tasks,
         "turns": args.turns,
         "workers": args.workers,

@@ -11,7 +11,8 @@ Why each setting (measured on a 2-core host, see docs/pipeline.md):
 - Analytics off and DO_NOT_TRACK: the machine may be offline; never phone home.
 - The server records each task run at ~35-50 ms unless its recorder and event
   persister batch; with these batch sizes it is ~15 ms, which is what keeps
-  Prefect's overhead a small fraction of an episode.
+  Prefect's overhead a small fraction of an episode. Its automation triggers are off
+  (a server sandflow starts lives for one run and has no automations).
 User-set values always win (setdefault): a real server, a real PREFECT_HOME.
 """
 
@@ -29,6 +30,12 @@ PREFECT_DEFAULTS: dict[str, str] = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE": "200",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "500",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE": "500",
+    # The servers sandflow starts (ephemeral, or the one per Dask run) live for one run:
+    # no automation is defined on them, yet their triggers service evaluated every task
+    # run's events (~1/5 of the server's CPU per episode on the peer benchmark; the server
+    # competes with the episodes for the same cores). A real server (PREFECT_API_URL) is
+    # not affected; set it to "true" to keep automations on a sandflow-started server.
+    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
     # Flow logs to the API are batched already; keep the terminal for our progress bars.
     "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "2.0",
     # Episode results live in the warehouse, not in Prefect's result store.
