@@ -74,8 +74,8 @@ class Warehouse:
         """Episode ids of `run_id` that are committed. Infra failures (model_error,
         sandbox_error, interrupted) are not done unless include_infra: resume re-runs them."""
         check_run_id(run_id)
-        if not self.root.is_dir():
-            return set()
+        if not self.root.is_dir() or not self.layout.partition_listing("episodes", run_id):
+            return set()  # a new run: no episode file to read, no query session (~0.1 s)
         with self.query(run_id=run_id, tables=("episodes",)) as q:
             rows = q.rows("SELECT episode_id, termination FROM episodes")
         return {eid for eid, term in rows if _done(term, include_infra)}
@@ -87,8 +87,8 @@ class Warehouse:
         count as done.
         """
         check_run_id(run_id)
-        if not self.root.is_dir():
-            return set()
+        if not self.root.is_dir() or not self.layout.partition_listing("episodes", run_id):
+            return set()  # a new run: no episode file to read, no query session (~0.1 s)
         with self.query(run_id=run_id, tables=("episodes",)) as q:
             rows = q.rows(
                 "SELECT episode_id, task_id, mode, sample_index, termination FROM episodes"
