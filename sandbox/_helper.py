@@ -1051,7 +1051,7 @@ def tcp_listeners_netlink(family):
         sock.settimeout(2.0)
         req = struct.pack("=BBBxI48x", family, socket.IPPROTO_TCP, 0, 1 << TCP_LISTEN)
         sock.send(struct.pack("=IHHII", 16 + len(req), SOCK_DIAG_BY_FAMILY, 0x301, 1, 0) + req)
-        out = []
+        out: list[str] = []
         while True:
             data = sock.recv(65536)
             if not data:
