@@ -8,6 +8,7 @@ mode), no analytics, and a startup timeout that suits a 2-core machine.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -27,6 +28,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["SANDFLOW_CONFIG"] = os.path.join(_PREFECT_HOME, "no-such-sandflow.toml")
 for _k in ("SANDFLOW_API_KEY", "OPENAI_API_KEY", "SANDFLOW_BASE_URL", "SANDFLOW_MODEL"):
     os.environ.pop(_k, None)
+
+# Ctrl+C is part of what the suite tests: its children get SIGINT and must stop cleanly.
+# A suite started as a background job of a non-interactive shell (`cmd &`, nohup, some CI
+# runners) inherits SIGINT *ignored*, and an ignored signal stays ignored in every child
+# it starts (sandflow keeps it so on purpose: tests/sandbox/test_signal_dispositions.py).
+# Python's usual handler here gives each child SIGINT's default disposition at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TEST_RUN_PREFIX = "pytest-"
 
