@@ -18,10 +18,11 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from tasks.model import ModelClient, ModelConfig, ModelReply
+from tasks.model import ModelClient, ModelConfig, ModelError, ModelReply
 
 SANDBOX_GCL = "sandflow-sandboxes"
 MODEL_GCL = "sandflow-model-calls"
@@ -43,18 +44,38 @@ def _server_configured() -> bool:
     return bool(os.environ.get("PREFECT_API_URL"))
 
 
+class SlotTimeout(TimeoutError):
+    """No unit of a bounded resource came free within the time the caller had left."""
+
+
 @contextlib.contextmanager
-def slot(name: str, limit: int | None, gcl: str | None = None) -> Iterator[None]:
-    """Hold one unit of `name` (in-process) and, with a server, of the global limit `gcl`."""
+def slot(
+    name: str, limit: int | None, gcl: str | None = None, timeout_s: float | None = None
+) -> Iterator[None]:
+    """Hold one unit of `name` (in-process) and, with a server, of the global limit `gcl`.
+
+    timeout_s: how long the caller may wait for both (None: as long as it takes); past it
+    SlotTimeout, and nothing is held.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
     with contextlib.ExitStack() as stack:
         if limit:
             sem = semaphore(name, limit)
-            sem.acquire()
+            if not sem.acquire(timeout=timeout_s if timeout_s is None else max(0.0, timeout_s)):
+                raise SlotTimeout(f"no {name} slot of {limit} came free in {timeout_s:.1f}s")
             stack.callback(sem.release)
         if gcl and _server_configured():
             from prefect.concurrency.sync import concurrency
 
-            stack.enter_context(concurrency(gcl, occupy=1, strict=False))
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                stack.enter_context(
+                    concurrency(gcl, occupy=1, strict=False, timeout_seconds=left)
+                )
+            except TimeoutError:
+                raise SlotTimeout(
+                    f"the global limit {gcl!r} had no free slot within {timeout_s:.1f}s"
+                ) from None
         yield
 
 
@@ -65,9 +86,26 @@ class LimitedClient(ModelClient):
         super().__init__(cfg)
         self.max_calls = max_calls
 
-    def complete(self, *args: Any, **kwargs: Any) -> ModelReply:
-        with slot("model", self.max_calls, MODEL_GCL):
-            return super().complete(*args, **kwargs)
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict] | None = None,
+        max_tokens: int | None = None,
+        timeout_s: float | None = None,
+    ) -> ModelReply:
+        """The call, once a model-call slot is free; the wait counts against `timeout_s`
+        (the episode's time left), so a run with few slots and many episodes cannot keep
+        an episode waiting past its wall clock."""
+        t0 = time.monotonic()
+        try:
+            with slot("model", self.max_calls, MODEL_GCL, timeout_s=timeout_s):
+                left = None if timeout_s is None else timeout_s - (time.monotonic() - t0)
+                return super().complete(messages, tools, max_tokens, left)
+        except SlotTimeout as exc:
+            raise ModelError(
+                f"waited {time.monotonic() - t0:.1f}s for a model-call slot "
+                f"(--max-model-calls {self.max_calls}), all held by other episodes: {exc}"
+            ) from None
 
 
 _clients: dict[tuple[str, int | None], LimitedClient] = {}
