@@ -61,7 +61,7 @@ def slot(
     with contextlib.ExitStack() as stack:
         if limit:
             sem = semaphore(name, limit)
-            if not sem.acquire(timeout=timeout_s if timeout_s is None else max(0.0, timeout_s)):
+            if not sem.acquire(timeout=None if timeout_s is None else max(0.0, timeout_s)):
                 raise SlotTimeout(f"no {name} slot of {limit} came free in {timeout_s:.1f}s")
             stack.callback(sem.release)
         if gcl and _server_configured():

@@ -365,8 +365,8 @@ def _retire(api: Any, net: dict[str, Any], ep_dir: Path, bridge: str) -> bool:
         return False
     log.info("egress network %s: replaced (made by an earlier version)", net.get("Name"))
     stop_squid(ep_dir, drop_cache=False)  # it listened on the old network's gateway
-    if _gateway(net):
-        _remove_rules(bridge, _gateway(net), PROXY_PORT)
+    if old_gateway := _gateway(net):
+        _remove_rules(bridge, old_gateway, PROXY_PORT)
     return True
 
 

@@ -70,12 +70,16 @@ class Warehouse:
         return write_usage(self.layout, rows, labeled_at=labeled_at)
 
     # ---- resume ----------------------------------------------------------------------
+    def _has_episode_files(self, run_id: str) -> bool:
+        """False for a new run: nothing to read, so no query session (~0.1 s) is opened."""
+        return self.root.is_dir() and bool(self.layout.partition_listing("episodes", run_id))
+
     def done_episode_ids(self, run_id: str, *, include_infra: bool = False) -> set[str]:
         """Episode ids of `run_id` that are committed. Infra failures (model_error,
         sandbox_error, interrupted) are not done unless include_infra: resume re-runs them."""
         check_run_id(run_id)
-        if not self.root.is_dir() or not self.layout.partition_listing("episodes", run_id):
-            return set()  # a new run: no episode file to read, no query session (~0.1 s)
+        if not self._has_episode_files(run_id):
+            return set()
         with self.query(run_id=run_id, tables=("episodes",)) as q:
             rows = q.rows("SELECT episode_id, termination FROM episodes")
         return {eid for eid, term in rows if _done(term, include_infra)}
@@ -87,8 +91,8 @@ class Warehouse:
         count as done.
         """
         check_run_id(run_id)
-        if not self.root.is_dir() or not self.layout.partition_listing("episodes", run_id):
-            return set()  # a new run: no episode file to read, no query session (~0.1 s)
+        if not self._has_episode_files(run_id):
+            return set()
         with self.query(run_id=run_id, tables=("episodes",)) as q:
             rows = q.rows(
                 "SELECT episode_id, task_id, mode, sample_index, termination FROM episodes"
