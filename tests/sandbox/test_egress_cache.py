@@ -176,10 +176,12 @@ def test_twenty_sandboxes_install_one_wheel_fetched_once(
     assert index.fetches(WHEEL) - before == 1  # the upstream saw the wheel once
     wheel = [r for _, recs in results for r in recs if r.url.endswith(WHEEL)]
     assert len(wheel) == 20 and all(r.status == 200 and r.allowed for r in wheel), wheel
-    # 19 served from the cache: hits, or requests collapsed onto the one fetch in flight
-    # (TCP_CF_MISS: a request that arrives while the first is still being fetched)
-    hits = [r for r in wheel if r.cache_hit]
-    assert len(hits) == 19, " ".join(sorted(f"{r.result}/{r.server}" for r in wheel))
+    # 19 answered without a connection to the index (squid logs no server for them): hits,
+    # and requests that joined the one fetch in flight. squid tags most of those _CF_, but
+    # some it logs as a plain TCP_MISS with no server (seen in CI: TCP_MISS/-), so the
+    # server field, not the result code, is what tells.
+    served = [r for r in wheel if r.server == "-"]
+    assert len(served) == 19, " ".join(sorted(f"{r.result}/{r.server}" for r in wheel))
     size = index.wheel.stat().st_size
     assert all(r.bytes_in >= size for r in wheel)  # every sandbox got the whole file
 
