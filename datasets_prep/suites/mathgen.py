@@ -46,7 +46,7 @@ def apply_shims() -> None:
         dioph.base_solution_linear = impl.base_solution_linear  # type: ignore[attr-defined]
     composition = importlib.import_module("mathematics_dataset.util.composition")
     composition.Context.pop = _ordered_pop
-    composition.expand_entities = _make_expand_entities(composition)
+    setattr(composition, "expand_entities", _make_expand_entities(composition))  # noqa: B010
     _APPLIED = True
 
 
