@@ -30,8 +30,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
+from datasets_prep.rows import RowError
 from rl.batch import Batch, RolloutRequest
-from rl.rows import RowError
 from sandbox.base import SandboxConfig
 from tasks.loop import Limits
 from warehouse import DEFAULT_ROOT
