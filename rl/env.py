@@ -166,6 +166,10 @@ class SandboxEnv:
         self.task = task_from_row(task)
         self.reward = None
         self._write_run()
+        if self.warehouse is not None:  # the run keeps the exact tasks it ran (once each)
+            from warehouse.store import Warehouse
+
+            Warehouse(self.warehouse).keep_tasks(self.run_id, [self.task], name="rl-env")
         index = (
             sample_index if sample_index is not None else _next_sample(self.run_id, self.task.id)
         )

@@ -172,6 +172,7 @@ def _write_run(wh: Any, batch: Batch) -> None:
             "limits": batch.limits.model_dump(),
         },
     )
+    wh.keep_tasks(batch.run_id, batch.tasks, name="rl-batch")  # the exact tasks it runs
 
 
 def _finish_run(wh: Any, batch: Batch, finished: bool, compact: bool) -> None:

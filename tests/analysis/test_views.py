@@ -7,6 +7,7 @@ other series. The Python side computes from the plan itself, never from the view
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -286,3 +287,38 @@ def test_compare_any_two_runs_from_the_cli(
     )
     res = CliRunner().invoke(app, ["compare", "base", "nope", "-w", str(tmp_path)])
     assert res.exit_code == 1 and "'nope' has no episodes" in res.output, res.output
+
+
+def test_compare_refuses_runs_of_unlike_tasks(tmp_path: Path) -> None:
+    """Issue #22: runs of SandboxEnv, `rl serve` and `sandflow run --warehouse` named no
+    task set and were paired with anything (other tasks under the same ids gave a
+    "significant" drop). Runs now keep the tasks they ran; compare matches them by content."""
+    from datasets_prep.task import Task
+    from sandflow.cli import app
+    from warehouse import Warehouse
+
+    outcomes: dict[tuple[str, str, int], float | str] = {("sandbox", "t0", 0): 1.0, ("sandbox", "t1", 0): 0.0}
+    domains = {"t0": "math", "t1": "math"}
+
+    def task(i: int, question: str) -> Task:
+        return Task(id=f"t{i}", domain="math", problem_statement=question, ground_truth="1", qa_type="exact")
+
+    wh = Warehouse(tmp_path)
+    for rid, question in (("env-a", "q0"), ("env-b", "q0"), ("env-c", "another question"), ("env-d", "q0")):
+        write_night(tmp_path, NightPlan(rid, 1, outcomes, domains, series=None, dataset_hash=""))
+        wh.keep_tasks(rid, [task(0, question), task(1, "q1")])
+    wh.keep_tasks("env-d", [task(0, "a second task t0")])  # a trainer sent two tasks as t0
+    write_night(tmp_path, NightPlan("old", 1, outcomes, domains, series=None, dataset_hash=""))
+
+    def compare(a: str, b: str) -> tuple[int, str]:
+        res = CliRunner().invoke(app, ["compare", a, b, "-w", str(tmp_path), "--json"])
+        return res.exit_code, " ".join(res.output.split())  # (rich may wrap the sentence)
+
+    code, out = compare("env-a", "env-b")  # the same tasks: paired
+    assert code == 0 and json.loads(out)["rows"], out
+    code, out = compare("env-a", "env-c")
+    assert code == 1 and "ran different tasks under the same id (1 of 2 shared ids: 't0')" in out
+    code, out = compare("env-a", "env-d")
+    assert code == 1 and "run 'env-d' ran different tasks under the same id ('t0')" in out
+    code, out = compare("env-a", "old")
+    assert code == 1 and "run 'old' records neither the tasks it ran nor a task-set hash" in out

@@ -89,6 +89,8 @@ def test_raw_text_and_openai_turns_reward_and_warehouse_tags(tmp_path: Path) -> 
     assert ep["model"] == "qwen-test" and ep["token_ids_status"] == "missing"
     from warehouse.store import Warehouse
 
+    kept = Warehouse(tmp_path).run_tasks(run_id)  # the run keeps the task it ran
+    assert kept is not None and [t.content_hash for t in kept] == [task.content_hash]
     with Warehouse(tmp_path).query(run_id=run_id) as q:
         assert q.rows("SELECT score, verifier FROM scores") == [(1.0, "exact")]
         assert q.rows(
