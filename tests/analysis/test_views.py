@@ -322,3 +322,23 @@ def test_compare_refuses_runs_of_unlike_tasks(tmp_path: Path) -> None:
     assert code == 1 and "run 'env-d' ran different tasks under the same id ('t0')" in out
     code, out = compare("env-a", "old")
     assert code == 1 and "run 'old' records neither the tasks it ran nor a task-set hash" in out
+
+
+def test_pass_at_k_view_says_why_a_k_has_no_estimate(tmp_path: Path) -> None:
+    """Issue #22: the view returned no row for a k above a group's sample count. Math ran
+    3 samples per task, chem 1: chem's k = 2, 3 rows say there is no task with that many,
+    and the (all) rows name the tasks they leave out."""
+    outcomes: dict[tuple[str, str, int], float | str] = {
+        **{("llm", t, s): float(s == 0) for t in ("m0", "m1") for s in range(3)},
+        ("llm", "c0", 0): 1.0,
+    }
+    write_night(tmp_path, NightPlan("mixed", 1, outcomes, {"m0": "math", "m1": "math", "c0": "chem"}))
+    rows = {(r["domain"], r["k"]): r for r in _rows(tmp_path, "SELECT * FROM pass_at_k")}
+    assert sorted(k for d, k in rows if d == "chem") == [1, 2, 3]
+    chem2 = rows[("chem", 2)]
+    assert chem2["tasks"] == 0 and chem2["pass_at_k"] is None
+    assert chem2["note"] == "no task has 2 samples here (at most 1): pass@2 needs at least 2 samples per task"
+    all3 = rows[("(all)", 3)]
+    assert all3["tasks"] == 2 and all3["tasks_left_out"] == 1 and all3["pass_at_k"] == 1.0
+    assert "1 of 3 tasks have fewer than 3 samples (as few as 1) and are left out" in all3["note"]
+    assert rows[("math", 2)]["note"] is None and rows[("math", 2)]["pass_at_k"] == pytest.approx(2 / 3, abs=1e-6)
