@@ -84,19 +84,24 @@ def ground_truth_from_text(value: Any) -> Any:
 
 
 # ------------------------------------------------------------------- input files
+def _decoded(value: Any) -> Any:
+    """A field that may come as JSON text: the decoded value (None for no text at all);
+    other values unchanged. Raises json.JSONDecodeError for text that is not JSON."""
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else None
+    return value
+
+
 def input_files_from(value: Any, where: str) -> dict[str, str | bytes]:
     """Input files in the shapes they take in the wild: a mapping name -> text/bytes (HF's
     null-padded structs: None entries skipped), its JSON text, a list of records
     {name, text | data | content}, or a pyarrow map's (name, content) pairs."""
+    try:
+        value = _decoded(value)
+    except json.JSONDecodeError as e:
+        raise RowError(f"{where}: input_files: text is not a JSON object of name -> content ({e.msg})") from None
     if value is None:
         return {}
-    if isinstance(value, str):
-        if not value.strip():
-            return {}
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise RowError(f"{where}: input_files: text is not a JSON object of name -> content ({e.msg})") from None
     pairs: list[tuple[Any, Any]] = []
     if isinstance(value, Mapping):
         pairs = [(k, decode_maybe_bytes(v)) for k, v in value.items() if v is not None]
@@ -130,15 +135,13 @@ def input_files_json(files: Mapping[str, str | bytes]) -> str:
 def metadata_from(value: Any) -> dict[str, Any]:
     """Metadata as rows carry it: a mapping, its JSON text, free text ({"text": ...}),
     or another value ({"value": ...})."""
-    if value is None:
+    try:
+        decoded = _decoded(value)
+    except json.JSONDecodeError:
+        return {"text": value}
+    if decoded is None:
         return {}
-    if isinstance(value, str):
-        if not value.strip():
-            return {}
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return {"text": value}
+    value = decoded
     if isinstance(value, Mapping):
         return dict(value)
     return {"value": value}
