@@ -81,7 +81,7 @@ def _with_warehouse(
 
     wh = Warehouse(root)
     wh.write_run(
-        run_id, model=cfg.model, dataset="adhoc", dataset_hash=TaskSet(tasks=[task]).content_hash,
+        run_id, model=cfg.model, dataset="adhoc", dataset_hash=TaskSet.model_construct(tasks=[task]).content_hash,
         config={"model": cfg.public_dict()},
     )
     writer = wh.writer()
