@@ -123,10 +123,13 @@ def unlike_tasks(layout: Layout, a: str, b: str, runs: dict[str, dict[str, Any]]
             if twice:
                 return (f"run {run!r} ran different tasks under the same id ({_some(twice)}): its "
                         "episodes cannot be paired with another run's by task id")
-        differ = sorted(i for i in va.keys() & vb.keys() if va[i] != vb[i])
+        shared = va.keys() & vb.keys()
+        if not shared:
+            return f"runs {a!r} and {b!r} ran no task in common: there is nothing to pair"
+        differ = sorted(i for i in shared if va[i] != vb[i])
         if differ:
             return (f"runs {a!r} and {b!r} ran different tasks under the same id ({len(differ)} of "
-                    f"{len(va.keys() & vb.keys())} shared ids: {_some(differ)}): they are not paired")
+                    f"{len(shared)} shared ids: {_some(differ)}): they are not paired")
         return None
     ha, hb = (_set_hash(layout, r, runs) for r in (a, b))
     if ha and hb:

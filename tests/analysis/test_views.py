@@ -320,6 +320,10 @@ def test_compare_refuses_runs_of_unlike_tasks(tmp_path: Path) -> None:
     assert code == 1 and "ran different tasks under the same id (1 of 2 shared ids: 't0')" in out
     code, out = compare("env-a", "env-d")
     assert code == 1 and "run 'env-d' ran different tasks under the same id ('t0')" in out
+    write_night(tmp_path, NightPlan("env-e", 1, {("sandbox", "t9", 0): 1.0}, {"t9": "math"}, series=None, dataset_hash=""))
+    wh.keep_tasks("env-e", [task(9, "q9")])
+    code, out = compare("env-a", "env-e")
+    assert code == 1 and "runs 'env-a' and 'env-e' ran no task in common" in out
     code, out = compare("env-a", "old")
     assert code == 1 and "run 'old' records neither the tasks it ran nor a task-set hash" in out
 
