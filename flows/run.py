@@ -318,6 +318,8 @@ def _execute_locked(
                 "sandbox_reuse": spec.sandbox_reuse,
                 "durability": spec.durability,
                 "task_set": spec.task_set,
+                # what the run's tokens cost (warehouse/cost.py); {}: unknown
+                "prices": spec.prices,
             },
             started_at=(previous or {}).get("started_at"),
             status="running",

@@ -26,7 +26,14 @@ from sandflow.commands.durability_option import (
     durability_value,
 )
 from sandflow.commands.network_option import network_option
-from sandflow.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REGRESSION, console, fail
+from sandflow.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_REGRESSION,
+    EXIT_USAGE,
+    console,
+    fail,
+)
 
 flows_app = typer.Typer(
     help=(
@@ -44,6 +51,14 @@ _WAREHOUSE = typer.Option(
     None, "--warehouse", "-w", help="Warehouse root (default: SANDFLOW_WAREHOUSE or ./warehouse_data)."
 )  # the text names the default; the value is warehouse.DEFAULT_ROOT, via Settings
 _RUN_ID = typer.Option(..., "--run-id", "-r", help="The run to work on (printed by `run` and `bench`).")
+_PRICES = typer.Option(
+    None,
+    "--prices",
+    help="Price table: a JSON file or JSON text of model -> USD per million tokens "
+    '(e.g. \'{"gpt-4o": {"input": 2.5, "cached_input": 1.25, "output": 10}}\'); the run records '
+    "it and `run_cost` prices its tokens (default: SANDFLOW_PRICES or [prices] in sandflow.toml; "
+    "none: cost unknown). docs/cost.md.",
+)
 
 
 def _settings(**overrides: Any) -> Any:
@@ -76,6 +91,7 @@ def _run_spec(s: Any, **flags: Any) -> Any:
         "network": s.network,
         "sandbox_reuse": s.sandbox_reuse or "fresh",
         "durability": s.durability,
+        "prices": s.prices.public_dict(),
     }
     return RunSpec(**{**settled, **flags})
 
@@ -129,6 +145,16 @@ def _isolate_from_terminal_signals() -> None:
 
 def _console() -> Any:
     return console()
+
+
+def _prices(flag: str | None) -> Any:
+    """--prices checked before any work: a bad table is exit 2 naming what is wrong."""
+    from sandflow.config import flag_prices
+
+    try:
+        return flag_prices(flag)
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
 
 
 def _fail(msg: str) -> None:
@@ -357,6 +383,7 @@ def bench(
     ),
     alpha: float = typer.Option(0.05, "--alpha", min=0.0001, max=0.5, help="Significance level of the nightly comparison."),
     wait: bool = _WAIT,
+    prices: str = _PRICES,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs."),
 ) -> None:
     """The nightly benchmark, now: prepare -> run (both modes) -> score -> usage -> tokens
@@ -377,7 +404,7 @@ def bench(
     _quiet_prefect(verbose)
     s = _settings(
         model=model, base_url=base_url, warehouse=warehouse, network=network,
-        durability=durability_value(durability),
+        durability=durability_value(durability), prices=_prices(prices),
     )
     from sandflow.commands.progress import RichEpisodeProgress
 
@@ -540,6 +567,7 @@ def cmd_run(
         True, "--compact/--no-compact", help="Merge the run's per-episode files at its end (fast SQL)."
     ),
     wait: bool = _WAIT,
+    prices: str = _PRICES,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run episodes (resumable): a task set x a model x mode x samples.
@@ -554,7 +582,7 @@ def cmd_run(
 
     s = _settings(
         model=model, base_url=base_url, warehouse=warehouse, network=network,
-        durability=durability_value(durability),
+        durability=durability_value(durability), prices=_prices(prices),
     )
     _check_run_free(str(s.warehouse), run_id, wait)
     spec = _run_spec(
