@@ -125,22 +125,19 @@ def load_prices(value: str | Path | dict[str, Any] | None) -> PriceTable:
         return PriceTable({})
     where = "the price table"
     data: Any = value
-    if isinstance(value, Path) or (isinstance(value, str) and not value.lstrip().startswith(("{", "["))):
-        path = Path(value).expanduser()
-        where = f"price file {path}"
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    if isinstance(value, Path | str):
+        text = str(value)
+        if isinstance(value, Path) or not text.lstrip().startswith(("{", "[")):
+            path = Path(value).expanduser()
+            where = f"price file {path}"
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ValueError(f"{where} cannot be read: {exc.strerror or exc}") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{where} is not JSON: {exc.msg} at line {exc.lineno}") from None
-    elif isinstance(value, str):
-        try:
-            data = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where} is not JSON: {exc.msg} at column {exc.colno}") from None
+            raise ValueError(f"{where} is not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{where} must be a JSON object of model -> prices, not {type(data).__name__}")
     try:

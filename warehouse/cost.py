@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.pricing import PriceTable, load_prices
+from warehouse.schema import check_run_id
 
 log = logging.getLogger(__name__)
 
@@ -176,3 +177,25 @@ COST_VIEW_HELP: dict[str, str] = {
     "run_cost": "one row per run: tokens, cost_usd (NULL if any turn is unpriced), "
     "known_cost_usd, cost_per_episode",
 }
+
+
+# The report's table: a run's cost per mode and overall (`mode` = '(all)', as analysis.metrics.ALL).
+_COST_BY_MODE = """
+    SELECT coalesce(mode, '(all)') AS mode, count(*) AS episodes, sum(turns) AS turns,
+           sum(prompt_tokens) AS prompt_tokens, sum(cached_tokens) AS cached_tokens,
+           sum(completion_tokens) AS completion_tokens, sum(reasoning_tokens) AS reasoning_tokens,
+           sum(unpriced_turns) AS unpriced_turns,
+           CASE WHEN count(cost_usd) < count(*) THEN NULL ELSE sum(cost_usd) END AS cost_usd,
+           CASE WHEN count(cost_usd) < count(*) THEN NULL ELSE sum(cost_usd) / count(*) END
+               AS cost_per_episode
+    FROM episode_cost WHERE run_id = '{run_id}'
+    GROUP BY ROLLUP (mode) ORDER BY mode NULLS LAST
+"""
+
+
+def cost_by_mode(q: Any, run_id: str) -> list[dict[str, Any]]:
+    """One row per mode and one for the whole run (`mode` '(all)'); cost_usd None: unknown.
+    `q` is a warehouse.query.WarehouseQuery."""
+    rel = q.execute(_COST_BY_MODE.format(run_id=check_run_id(run_id)))  # a safe alphabet
+    cols = [d[0] for d in rel.description]
+    return [dict(zip(cols, row, strict=True)) for row in rel.fetchall()]

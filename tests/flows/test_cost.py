@@ -74,6 +74,13 @@ def _rows(wh: Path, sql: str, **kw: Any) -> list[tuple[Any, ...]]:
         return q.rows(sql)
 
 
+def _report(wh: Path, rid: str, tmp_path: Path) -> str:
+    from flows.report import report_flow
+
+    out = report_flow(run_id=rid, warehouse=str(wh), out_dir=str(tmp_path / f"report-{rid}"))
+    return Path(out["markdown"]).read_text()
+
+
 def test_run_cost_to_the_cent_per_turn_episode_and_run(tmp_path: Path, priced_model: ScriptedModel) -> None:
     wh = tmp_path / "wh"
     rid = _run(tmp_path, priced_model, wh, "cost", mode="both", prices=PRICES)
@@ -101,6 +108,12 @@ def test_run_cost_to_the_cent_per_turn_episode_and_run(tmp_path: Path, priced_mo
     assert (prompt, cached, completion, reasoning) == (1_000_000, 400_000, 20_000, 5_000)
     assert round(usd, 2) == 2.25 and round(known, 2) == 2.25
     assert round(per_ep, 4) == round(2.25 / 4, 4)
+    # the report says it per mode and overall
+    md = _report(wh, rid, tmp_path)
+    assert "What the run cost" in md
+    assert "| sandbox | 2 | 8 |" in md and "| 1.8000 | 0.9000 |" in md
+    assert "| llm | 2 | 2 |" in md and "| 0.4500 | 0.2250 |" in md
+    assert "| (all) | 4 | 10 |" in md and "| 2.2500 | 0.5625 |" in md
     # the SQL and the library's one formula agree
     from tasks.pricing import load_prices
 
@@ -120,6 +133,8 @@ def test_unknown_model_costs_unknown_not_zero(tmp_path: Path, priced_model: Scri
                        f"FROM run_cost WHERE run_id = '{rid}'")  # fmt: skip
     assert row == (None, None, 2, 2)
     assert _rows(wh, f"SELECT DISTINCT cost_usd FROM episode_cost WHERE run_id = '{rid}'") == [(None,)]
+    md = _report(wh, rid, tmp_path)
+    assert "| (all) | 2 | 2 |" in md and "| 2 | unknown | unknown |" in md, md
     # a price handed to the session prices what the run did not
     rows = _rows(wh, f"SELECT round(cost_usd, 3) FROM run_cost WHERE run_id = '{rid}'",
                  prices=load_prices(PRICES))  # fmt: skip
