@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from datagen.calibrate import Band, PolicyRunner, pass_rates, select
 from datagen.export import dataset_card, sft_rows, write_jsonl, write_train
 from datagen.questions import TYPES
-from datagen.synth import ReplyCache, Template, pieces_by_id, question_task, synthesize
+from datagen.synth import ReplyCache, SlotOutcome, Template, pieces_by_id, question_task, synthesize
 from datasets_prep.corpus import Piece, ingest, reasons_count
 from datasets_prep.dedup import DEFAULT_NGRAM, DEFAULT_THRESHOLD, Contamination, dedup
 from datasets_prep.io import read_taskset, write_taskset
@@ -186,7 +186,7 @@ class Build:
 
     def synth(self, cfg: ModelConfig, *, n: int = 3, types: Sequence[str] = TYPES,
               structured: str = "json_schema", concurrency: int = 4, template: str | None = None,
-              domain: str = "general", progress: Callable[[int, int], None] | None = None) -> StageReport:
+              domain: str = "general", progress: Callable[[SlotOutcome], None] | None = None) -> StageReport:
         src = self.input_of("synth")
         tpl = Template.load(template)
         key = _key("synth", _hash_file(src), cfg.model, tpl.version, n, list(types), structured,
@@ -304,6 +304,21 @@ class Build:
                              {"calibrated": str(out)},
                              {"calibration_run": run_id, "samples": samples, "band": str(band),
                               "pass_score": pass_score, "policy_model": policy_model})
+        return self._finish(report, items)
+
+    def skip_calibration(self) -> StageReport:
+        """Pass the clean candidates on uncalibrated (every item kept, no pass rates)."""
+        src = self.input_of("calibrate")
+        ts = read_taskset(src)
+        key = _key("calibrate-skipped", _hash_file(src))
+        reused = self._reusable("calibrate", key)
+        if reused is not None:
+            return reused
+        out = self.path("calibrated.parquet")
+        write_taskset(TaskSet.build(ts.tasks, name=f"{self.build_id}-calibrated", source=str(src)), out)
+        items = [{"item_id": t.id, "task_id": t.id, "kept": True} for t in ts.tasks]
+        report = StageReport("calibrate", key, len(ts), len(ts), {}, {"calibrated": str(out)},
+                             {"band": "none: not calibrated"})
         return self._finish(report, items)
 
     def export(self, *, runs: Callable[[str], Any] | None = None, pass_score: float = 1.0,

@@ -211,7 +211,7 @@ def synthesize(
     structured: str = "json_schema",
     concurrency: int = 4,
     cache: ReplyCache | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[SlotOutcome], None] | None = None,
 ) -> SynthResult:
     """Every slot of every piece -> a kept question or a dropped slot with its reason."""
     template = template or Template.load()
@@ -226,10 +226,8 @@ def synthesize(
                for t in set(types)}
     result = SynthResult(model=cfg.model, template_version=template.version)
     lock = threading.Lock()
-    done = 0
 
     def one(slot: Slot) -> SlotOutcome:
-        nonlocal done
         messages = template.messages(slot.qtype, slot.piece.text)
         key = request_key(cfg, messages, extras[slot.qtype], slot.index)
         row = cache.get(key)
@@ -251,9 +249,8 @@ def synthesize(
         with lock:
             result.calls += 0 if cached else 1
             result.cache_hits += 1 if cached else 0
-            done += 1
-            if progress is not None:
-                progress(done, len(slots))
+        if progress is not None:
+            progress(out)
         return out
 
     t0 = time.perf_counter()
