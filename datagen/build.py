@@ -282,6 +282,8 @@ class Build:
             return reused
         run_id = f"{self.build_id}-cal-{key[:8]}"[:128]
         data = policy(str(src), run_id, samples) if len(ts) else None
+        if data is None:
+            run_id = ""  # nothing to calibrate: no run
         rates = pass_rates(data, [t.id for t in ts.tasks], pass_score) if data is not None else {}
         verdicts = select(rates, band)
         kept: list[Task] = []
@@ -334,7 +336,7 @@ class Build:
             return reused
         train = write_train(list(ts.tasks), self.path("train.parquet"), source)
         sft: list[dict[str, Any]] = []
-        if runs is not None and run_id:
+        if runs is not None and run_id and len(ts):  # no kept task: the run may not exist
             sft = sft_rows(runs(run_id), [t.id for t in ts.tasks], pass_score)
         sft_path = write_jsonl(sft, self.path("sft.jsonl"))
         items = [{"item_id": t.id, "task_id": t.id, "kept": True} for t in ts.tasks]

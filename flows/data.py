@@ -21,7 +21,7 @@ from prefect import flow
 from datagen.build import Build
 from datagen.calibrate import Band, PolicyRunner
 from datagen.questions import TYPES
-from datagen.synth import SlotOutcome
+from datagen.synth import SlotOutcome, resolve_structured
 from flows import progress
 from tasks.model import ModelConfig, api_key_from_env
 from tasks.spec import RunSpec
@@ -67,7 +67,7 @@ def data_ingest_flow(corpus: str, out: str, warehouse: str = DEFAULT_ROOT, text_
 @flow(name="sandflow-data-synth", log_prints=False)
 def data_synth_flow(out: str, warehouse: str = DEFAULT_ROOT, model: str | None = None,
                     base_url: str | None = None, questions: int = 3, types: list[str] | None = None,
-                    structured: str = "json_schema", concurrency: int = 4, template: str | None = None,
+                    structured: str = "auto", concurrency: int = 4, template: str | None = None,
                     temperature: float = 0.7, max_tokens: int = 1024, domain: str = "general",
                     request_timeout_s: float = 120.0, build_id: str | None = None) -> dict[str, Any]:
     """Questions from the pieces; no base_url: the embedded model, started for the stage."""
@@ -79,6 +79,9 @@ def data_synth_flow(out: str, warehouse: str = DEFAULT_ROOT, model: str | None =
     pieces = len(b.pieces())
     cfg = ModelConfig(model=model or "default", base_url=base_url, api_key=api_key_from_env(),
                       temperature=temperature, max_tokens=max_tokens, request_timeout_s=request_timeout_s)
+    structured = resolve_structured(structured, embedded=not base_url)
+    if not base_url:  # the embedded server answers one request at a time: queue here
+        concurrency = 1
     with endpoint(cfg) as live:
         live = preflight(live, model_given=bool(model) or not base_url)
         return b.synth(live, n=questions, types=types, structured=structured, concurrency=concurrency,
@@ -116,7 +119,7 @@ def data_export_flow(out: str, warehouse: str = DEFAULT_ROOT, pass_score: float 
 
 @flow(name="sandflow-data-build", log_prints=False)
 def data_build_flow(corpus: str, out: str, spec: RunSpec, questions: int = 3,
-                    types: list[str] | None = None, structured: str = "json_schema",
+                    types: list[str] | None = None, structured: str = "auto",
                     synth_concurrency: int = 4, template: str | None = None,
                     synth_temperature: float = 0.7, synth_max_tokens: int = 1024,
                     text_column: str = "text", piece_tokens: int = 1024, limit: int | None = None,

@@ -74,8 +74,8 @@ def _types(spec: str) -> list[str]:
 def _check_synth(structured: str, template: str | None, questions: int) -> None:
     from datagen.synth import STRUCTURED, SynthConfigError, Template
 
-    if structured not in STRUCTURED:
-        _bad(f"--structured {structured!r}: use one of {', '.join(STRUCTURED)}")
+    if structured not in (*STRUCTURED, "auto"):
+        _bad(f"--structured {structured!r}: use auto or one of {', '.join(STRUCTURED)}")
     if questions < 1:
         _bad(f"--questions {questions}: use at least 1")
     try:
@@ -206,7 +206,7 @@ def cmd_synth(
     base_url: str = _BASE_URL,
     questions: int = typer.Option(3, "--questions", "-n", help="Question slots per piece (the types taken in turn)."),
     types: str = typer.Option("single_choice,multi_choice,free_form", "--types", help="Question types, in turn."),
-    structured: str = typer.Option("json_schema", "--structured", help="json_schema (OpenAI, vLLM, llama.cpp) | json_object (llama-cpp-python) | guided_json (vLLM) | none."),
+    structured: str = typer.Option("auto", "--structured", help="auto (json_schema; none for the embedded model) | json_schema (OpenAI, vLLM, llama.cpp) | json_object (llama-cpp-python) | guided_json (vLLM) | none."),
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Generator calls at once."),
     template: str = typer.Option(None, "--template", help="A prompt template file (default: datagen/templates/questions.v1.yaml)."),
     temperature: float = typer.Option(0.7, "--temperature"),
@@ -318,7 +318,7 @@ def cmd_build(
     base_url: str = _BASE_URL,
     questions: int = typer.Option(3, "--questions", "-n", help="Question slots per piece."),
     types: str = typer.Option("single_choice,multi_choice,free_form", "--types"),
-    structured: str = typer.Option("json_schema", "--structured", help="json_schema | json_object | guided_json | none."),
+    structured: str = typer.Option("auto", "--structured", help="auto | json_schema | json_object | guided_json | none."),
     template: str = typer.Option(None, "--template", help="A prompt template file."),
     text_column: str = typer.Option("text", "--text-column"),
     piece_tokens: int = typer.Option(1024, "--piece-tokens"),
