@@ -19,9 +19,11 @@ contaminated item is dropped as such even when it also duplicates another).
 from __future__ import annotations
 
 import hashlib
-import re
+import string
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
+from typing import Any
 
 DEFAULT_NGRAM = 13
 DEFAULT_THRESHOLD = 0.8
@@ -30,20 +32,24 @@ NUM_BANDS = 16  # 16 bands x 8 rows: a pair at Jaccard 0.8 is a candidate with p
 SHINGLE = 3
 SEED = 1234
 
-_WORD = re.compile(r"\w+", re.UNICODE)
+# Punctuation becomes a space (str.translate: ~5x faster than a \w+ regex here, which
+# was most of the dedup's time); the common Unicode quotes and dashes included.
+_PUNCT = str.maketrans({c: " " for c in string.punctuation + "\u2018\u2019\u201c\u201d\u2013\u2014\u2026\u00ab\u00bb\u00bf\u00a1"})
 
 
 def words(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
+    return text.lower().translate(_PUNCT).split()
 
 
-def exact_key(text: str) -> str:
-    return hashlib.sha256(" ".join(words(text)).encode("utf-8", "surrogatepass")).hexdigest()
+def exact_key(tokens: Sequence[str]) -> str:
+    return hashlib.sha256(" ".join(tokens).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def shingles(tokens: Sequence[str], n: int = SHINGLE) -> list[str]:
     if len(tokens) <= n:
         return [" ".join(tokens)] if tokens else [""]
+    if n == 3:
+        return [f"{a} {b} {c}" for a, b, c in zip(tokens, tokens[1:], tokens[2:], strict=False)]
     return [" ".join(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
 
 
@@ -95,41 +101,48 @@ def dedup(
     threshold: float = DEFAULT_THRESHOLD,
     near: bool = True,
     contamination: Contamination | None = None,
+    chunk: int = 4096,
 ) -> list[Verdict]:
-    """One verdict per (item_id, text), in input order; the first of a group is kept."""
+    """One verdict per (item_id, text), in input order; the first of a group is kept.
+
+    Items are taken `chunk` at a time: their MinHashes are built in one call into rensa,
+    then judged one by one in order, so the verdicts are exactly those of an item-by-item
+    pass. A near-duplicate candidate from the LSH counts only when the estimated Jaccard
+    similarity reaches `threshold`."""
     from rensa import RMinHash, RMinHashLSH
 
     if not 0 < threshold <= 1:
         raise ValueError(f"near-duplicate threshold {threshold}: use a number in (0, 1]")
     lsh = RMinHashLSH(threshold=threshold, num_perm=NUM_PERM, num_bands=NUM_BANDS) if near else None
     kept_hashes: dict[str, str] = {}
-    kept_minhashes: list[tuple[str, object]] = []
+    kept_minhashes: list[tuple[str, Any]] = []
     out: list[Verdict] = []
-    for item_id, text in items:
-        if contamination is not None and len(contamination):
-            hit = contamination.match(text)
-            if hit is not None:
-                out.append(Verdict(item_id, False, "contaminated", hit))
+    it = iter(items)
+    while batch := list(islice(it, chunk)):
+        pending: list[tuple[int, str, str, list[str]]] = []  # (slot, id, exact key, tokens)
+        for item_id, text in batch:
+            if contamination is not None and len(contamination):
+                hit = contamination.match(text)
+                if hit is not None:
+                    out.append(Verdict(item_id, False, "contaminated", hit))
+                    continue
+            tokens = words(text)
+            pending.append((len(out), item_id, exact_key(tokens), tokens))
+            out.append(Verdict(item_id, True))  # replaced below when it is a duplicate
+        mhs: list[Any] = (RMinHash.from_token_sets([shingles(p[3]) for p in pending], NUM_PERM, SEED)
+                          if lsh is not None and pending else [None] * len(pending))
+        for (slot, item_id, key, _), mh in zip(pending, mhs, strict=True):
+            first = kept_hashes.get(key)
+            if first is not None:
+                out[slot] = Verdict(item_id, False, "exact_duplicate", first)
                 continue
-        key = exact_key(text)
-        first = kept_hashes.get(key)
-        if first is not None:
-            out.append(Verdict(item_id, False, "exact_duplicate", first))
-            continue
-        if lsh is not None:
-            mh = RMinHash(num_perm=NUM_PERM, seed=SEED)
-            mh.update(shingles(words(text)))
-            dup = None
-            for idx in lsh.query(mh):
-                other_id, other = kept_minhashes[idx]
-                if mh.jaccard(other) >= threshold:
-                    dup = other_id
-                    break
-            if dup is not None:
-                out.append(Verdict(item_id, False, "near_duplicate", dup))
-                continue
-            lsh.insert(len(kept_minhashes), mh)
-            kept_minhashes.append((item_id, mh))
-        kept_hashes[key] = item_id
-        out.append(Verdict(item_id, True))
+            if lsh is not None:
+                dup = next((kept_minhashes[i][0] for i in lsh.query(mh)
+                            if mh.jaccard(kept_minhashes[i][1]) >= threshold), None)
+                if dup is not None:
+                    out[slot] = Verdict(item_id, False, "near_duplicate", dup)
+                    continue
+                lsh.insert(len(kept_minhashes), mh)
+                kept_minhashes.append((item_id, mh))
+            kept_hashes[key] = item_id
     return out
