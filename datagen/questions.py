@@ -24,6 +24,7 @@ ROUGE-L).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -157,15 +158,21 @@ def _letters(answer: str, n_options: int) -> list[str]:
     return sorted(set(parts))
 
 
+@functools.lru_cache(maxsize=64)
+def _document_index(context: str) -> tuple[str, frozenset[str]]:
+    """The folded document and its words, once per piece (n questions ask about one piece)."""
+    folded = _fold(context)
+    return folded, frozenset(re.findall(r"\w+", folded))
+
+
 def supported(answer_text: str, evidence: str, context: str) -> str | None:
     """Why the answer is not supported by `context` (None: it is), by the lexical test."""
-    folded = _fold(context)
+    folded, doc_words = _document_index(context)
     if _fold(evidence) not in folded:
         return "the evidence is not a passage of the document"
     words = content_words(answer_text)
     if not words:
         return None  # a number or a stop word only: the evidence carries it
-    doc_words = set(re.findall(r"\w+", folded))
     found = sum(1 for w in words if w in doc_words)
     if found / len(words) < MIN_ANSWER_SUPPORT:
         return f"only {found} of the answer's {len(words)} content words occur in the document"

@@ -149,6 +149,7 @@ class ReplyCache:
         self.path = path
         self._lock = threading.Lock()
         self._data: dict[str, dict[str, Any]] = {}
+        self._file: Any = None
         if path is not None and path.is_file():
             for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
@@ -162,12 +163,21 @@ class ReplyCache:
         return self._data.get(key)
 
     def put(self, row: dict[str, Any]) -> None:
+        line = json.dumps(row, ensure_ascii=False) + "\n"
         with self._lock:
             self._data[row["key"]] = row
             if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with self.path.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                if self._file is None:  # one handle for the whole stage, not an open per reply
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    self._file = self.path.open("a", encoding="utf-8")
+                self._file.write(line)
+                self._file.flush()  # a crash loses at most the reply in flight
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
 
 @dataclass
@@ -270,6 +280,7 @@ def synthesize(
     finally:
         for c in clients.values():
             c.close()
+        cache.close()
     result.seconds = time.perf_counter() - t0
     return result
 
