@@ -146,3 +146,29 @@ def data_build_flow(corpus: str, out: str, spec: RunSpec, questions: int = 3,
         Build(out, warehouse=wh, build_id=build_id).skip_calibration()
     stages["export"] = data_export_flow(out, wh, build_id=build_id)
     return {"out": str(Path(out)), "build_id": Build(out, build_id=build_id).build_id, "stages": stages}
+
+
+@flow(name="sandflow-data-build", log_prints=False)
+def data_build_job(
+    corpus: str,
+    out: str,
+    warehouse: str = DEFAULT_ROOT,
+    model: str | None = None,
+    base_url: str | None = None,
+    questions: int = 3,
+    samples: int = 4,
+    band: str = "auto",
+    decontaminate: list[str] | None = None,
+    concurrency: int = 4,
+    max_steps: int = 30,
+    max_tokens: int = 1024,
+    calibrate: bool = True,
+    build_id: str | None = None,
+) -> dict[str, Any]:
+    """The deployment's entry (prefect.yaml `data-build`): plain parameters (Prefect stores
+    them; the endpoint's key comes from the worker's SANDFLOW_API_KEY, never from here)."""
+    spec = RunSpec(model=model, base_url=base_url, warehouse=warehouse, mode="sandbox",
+                   concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens)
+    return data_build_flow(corpus, out, spec, questions=questions, synth_concurrency=concurrency,
+                           synth_max_tokens=max_tokens, decontaminate=decontaminate, samples=samples,
+                           band=band, calibrate=calibrate, build_id=build_id)
