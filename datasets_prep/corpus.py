@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,12 +34,12 @@ from datasets_prep import limits as L
 from datasets_prep.convert import split_document
 from datasets_prep.paths import (
     UnsafePathError,
-    _real_folder,
-    inside,
-    name_problem,
+    WalkEntry,
+    folder_to_walk,
     open_regular,
     read_fd,
     show,
+    walk_folder,
 )
 
 # Why a document was left out (the funnel's reasons for the ingest stage).
@@ -240,77 +239,54 @@ class RawDocument:
     reject: Rejected | None = None
 
 
+_WALK_REASONS = {
+    "unlistable": "unsafe_path", "bad_name": "unsafe_path", "stat_error": "unsafe_path",
+    "link_outside": "unsafe_path", "link_broken": "unsafe_path", "special": "not_a_file",
+}  # fmt: skip
+
+
+def _walk_detail(e: WalkEntry) -> str:
+    return {
+        "unlistable": f"cannot list the folder ({e.detail})",
+        "bad_name": f"the file name {e.detail}",
+        "link_outside": f"a symlink to {e.detail!r}, outside the corpus folder",
+        "link_broken": f"a symlink that cannot be followed ({e.detail})",
+        "special": f"{e.detail}, not a regular file",
+    }.get(e.kind, e.detail)
+
+
 def iter_folder(root: str | Path, max_bytes: int) -> Iterator[RawDocument]:
-    """Every file under `root` (sorted, depth first) as text or as a rejection."""
+    """Every file under `root` (sorted, files before subfolders) as text or as a rejection:
+    datasets_prep.paths walks it (nothing followed out of it) and opens each file."""
     try:
-        real_root = _real_folder(root)
-    except UnsafePathError as e:
-        raise CorpusError(f"corpus folder: {e}") from None
-    if not os.path.isdir(real_root):
-        raise CorpusError(f"corpus folder {str(root)!r} is not a folder")
-    stack: list[tuple[str, str]] = [("", real_root)]
-    while stack:
-        rel_dir, dir_path = stack.pop()
-        try:
-            with os.scandir(dir_path) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as e:
-            yield RawDocument(rel_dir or ".", reject=Rejected(rel_dir or ".", "unsafe_path",
-                                                              f"cannot list the folder ({e.strerror})"))
+        real_root = folder_to_walk(root, "corpus folder")
+    except UnsafePathError as err:
+        raise CorpusError(str(err)) from None
+    for e in walk_folder(real_root):
+        rel = show(e.rel).strip("'")
+        if e.kind in ("dir", "link_dir"):
+            continue  # a folder's files come as their own entries; a linked folder could loop
+        if e.kind != "file":
+            yield RawDocument(rel, reject=Rejected(rel, _WALK_REASONS[e.kind], _walk_detail(e)))
             continue
-        subdirs: list[tuple[str, str]] = []
-        for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            shown = show(rel).strip("'")
-            bad = name_problem(entry.name)
-            if bad:
-                yield RawDocument(shown, reject=Rejected(shown, "unsafe_path", f"the file name {bad}"))
-                continue
+        assert e.st is not None
+        if e.st.st_size > max_bytes:
+            yield RawDocument(rel, reject=Rejected(
+                rel, "oversized", L.over_limit(rel, e.st.st_size, "max_file_bytes", "per file")))
+            continue
+        try:
+            fd = open_regular(e.path, root=real_root, expect=e.st)
             try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError as e:
-                yield RawDocument(rel, reject=Rejected(rel, "unsafe_path", e.strerror or "cannot stat"))
-                continue
-            path = entry.path
-            if stat.S_ISLNK(st.st_mode):
-                target = os.path.realpath(entry.path)
-                if not inside(target, real_root):
-                    yield RawDocument(rel, reject=Rejected(
-                        rel, "unsafe_path", f"a symlink to {target!r}, outside the corpus folder"))
-                    continue
-                try:
-                    st = os.stat(target)
-                except OSError as e:
-                    yield RawDocument(rel, reject=Rejected(rel, "unsafe_path",
-                                                           f"a symlink that cannot be followed ({e.strerror})"))
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    continue  # its files are read under their own path; following it could loop
-                path = target
-            if stat.S_ISDIR(st.st_mode):
-                subdirs.append((rel, path))
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                yield RawDocument(rel, reject=Rejected(rel, "not_a_file", "not a regular file"))
-                continue
-            if st.st_size > max_bytes:
-                yield RawDocument(rel, reject=Rejected(
-                    rel, "oversized", L.over_limit(rel, st.st_size, "max_file_bytes", "per file")))
-                continue
-            try:
-                fd = open_regular(path, root=real_root, expect=st)
-                try:
-                    data = read_fd(fd, max_bytes, rel, "max_file_bytes", "per file")
-                finally:
-                    os.close(fd)
-            except UnsafePathError as e:
-                yield RawDocument(rel, reject=Rejected(rel, "unsafe_path", str(e)))
-                continue
-            try:
-                yield RawDocument(rel, text=extract(entry.name, data))
-            except _Reject as r:
-                yield RawDocument(rel, reject=Rejected(rel, r.reason, r.detail))
-        stack.extend(reversed(subdirs))
+                data = read_fd(fd, max_bytes, rel, "max_file_bytes", "per file")
+            finally:
+                os.close(fd)
+        except UnsafePathError as bad:
+            yield RawDocument(rel, reject=Rejected(rel, "unsafe_path", str(bad)))
+            continue
+        try:
+            yield RawDocument(rel, text=extract(e.rel, data))
+        except _Reject as r:
+            yield RawDocument(rel, reject=Rejected(rel, r.reason, r.detail))
 
 
 def iter_table(source: str, text_column: str, max_bytes: int,

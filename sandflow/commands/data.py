@@ -154,6 +154,24 @@ def _show(reports: list[dict[str, Any]], out: str, build_id: str, warehouse: str
             markup=False, highlight=False, soft_wrap=True)
 
 
+def _run(flow_name: str, where: tuple[str, str, str], *args: Any, verbose: bool,
+         progress: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Run flows.data.<flow_name> (its errors as one sentence), with a progress display
+    when it reports items; `where` = (out, build id, warehouse) for the summary table."""
+    import contextlib
+
+    _prep(verbose)
+    from flows import data as data_flows
+    from sandflow.commands.progress import RichEpisodeProgress
+
+    display = RichEpisodeProgress(progress, console=console()) if progress else contextlib.nullcontext()
+    with display:
+        r = _guard(getattr(data_flows, flow_name), *args, **kwargs)
+    reports = list(r["stages"].values()) if "stages" in r else [r]
+    _show(reports, *where)
+    return r
+
+
 def _build_id(out: str, build_id: str | None) -> str:
     from datagen.build import Build, BuildError
 
@@ -190,12 +208,9 @@ def cmd_ingest(
     _check_corpus(corpus, text_column, piece_tokens)
     s = _settings(warehouse=warehouse)
     bid = _build_id(out, build_id)
-    _prep(verbose)
-    from flows.data import data_ingest_flow
-
-    r = _guard(data_ingest_flow, corpus, out, str(s.warehouse), text_column=text_column,
-               piece_tokens=piece_tokens, max_doc_bytes=max_doc_bytes, limit=limit, build_id=bid)
-    _show([r], out, bid, str(s.warehouse))
+    _run("data_ingest_flow", (out, bid, str(s.warehouse)), corpus, out, str(s.warehouse), verbose=verbose,
+         text_column=text_column, piece_tokens=piece_tokens, max_doc_bytes=max_doc_bytes, limit=limit,
+         build_id=bid)
 
 
 @data_app.command("synth")
@@ -221,16 +236,10 @@ def cmd_synth(
     _check_synth(structured, template, questions)
     s = _settings(warehouse=warehouse, model=model, base_url=base_url)
     bid = _build_id(out, build_id)
-    _prep(verbose)
-    from flows.data import data_synth_flow
-    from sandflow.commands.progress import RichEpisodeProgress
-
-    with RichEpisodeProgress("questions", console=console()):
-        r = _guard(data_synth_flow, out, str(s.warehouse), model=s.model, base_url=s.base_url,
-                   questions=questions, types=type_list, structured=structured, concurrency=concurrency,
-                   template=template, temperature=temperature, max_tokens=max_tokens, domain=domain,
-                   build_id=bid)
-    _show([r], out, bid, str(s.warehouse))
+    _run("data_synth_flow", (out, bid, str(s.warehouse)), out, str(s.warehouse), verbose=verbose,
+         progress="questions", model=s.model, base_url=s.base_url, questions=questions, types=type_list,
+         structured=structured, concurrency=concurrency, template=template, temperature=temperature,
+         max_tokens=max_tokens, domain=domain, build_id=bid)
 
 
 @data_app.command("clean")
@@ -248,12 +257,8 @@ def cmd_clean(
     sets = _decontaminate(decontaminate)
     s = _settings(warehouse=warehouse)
     bid = _build_id(out, build_id)
-    _prep(verbose)
-    from flows.data import data_clean_flow
-
-    r = _guard(data_clean_flow, out, str(s.warehouse), decontaminate=sets, ngram=ngram, threshold=threshold,
-               build_id=bid)
-    _show([r], out, bid, str(s.warehouse))
+    _run("data_clean_flow", (out, bid, str(s.warehouse)), out, str(s.warehouse), verbose=verbose,
+         decontaminate=sets, ngram=ngram, threshold=threshold, build_id=bid)
 
 
 _SAMPLES = typer.Option(4, "--samples", "-k", min=1, help="Base-policy samples per candidate.")
@@ -282,13 +287,8 @@ def cmd_calibrate(
     bid = _build_id(out, build_id)
     spec = _spec(s, mode="sandbox", concurrency=concurrency, max_steps=max_steps, wall_clock_s=wall_clock_s,
                  **({"max_tokens": max_tokens} if max_tokens else {}))
-    _prep(verbose)
-    from flows.data import data_calibrate_flow
-    from sandflow.commands.progress import RichEpisodeProgress
-
-    with RichEpisodeProgress("episodes", console=console()):
-        r = _guard(data_calibrate_flow, out, spec, samples=samples, band=band, build_id=bid)
-    _show([r], out, bid, str(s.warehouse))
+    _run("data_calibrate_flow", (out, bid, str(s.warehouse)), out, spec, verbose=verbose,
+         progress="episodes", samples=samples, band=band, build_id=bid)
 
 
 @data_app.command("export")
@@ -302,11 +302,8 @@ def cmd_export(
     _check_out(out)
     s = _settings(warehouse=warehouse)
     bid = _build_id(out, build_id)
-    _prep(verbose)
-    from flows.data import data_export_flow
-
-    r = _guard(data_export_flow, out, str(s.warehouse), build_id=bid)
-    _show([r], out, bid, str(s.warehouse))
+    _run("data_export_flow", (out, bid, str(s.warehouse)), out, str(s.warehouse), verbose=verbose,
+         build_id=bid)
 
 
 @data_app.command("build")
@@ -349,17 +346,11 @@ def cmd_build(
     s = _settings(warehouse=warehouse, model=model, base_url=base_url)
     bid = _build_id(out, build_id)
     spec = _spec(s, mode="sandbox", concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens)
-    _prep(verbose)
-    from flows.data import data_build_flow
-    from sandflow.commands.progress import RichEpisodeProgress
-
-    with RichEpisodeProgress("questions, then episodes", console=console()):
-        r = _guard(data_build_flow, corpus, out, spec, questions=questions, types=type_list,
-                   structured=structured, synth_concurrency=concurrency, template=template,
-                   synth_max_tokens=max_tokens, text_column=text_column, piece_tokens=piece_tokens,
-                   limit=limit, decontaminate=sets, samples=samples, band=band, domain=domain,
-                   calibrate=calibrate, build_id=bid)
-    _show(list(r["stages"].values()), out, bid, str(s.warehouse))
+    _run("data_build_flow", (out, bid, str(s.warehouse)), corpus, out, spec, verbose=verbose,
+         progress="questions, then episodes", questions=questions, types=type_list, structured=structured,
+         synth_concurrency=concurrency, template=template, synth_max_tokens=max_tokens,
+         text_column=text_column, piece_tokens=piece_tokens, limit=limit, decontaminate=sets,
+         samples=samples, band=band, domain=domain, calibrate=calibrate, build_id=bid)
 
 
 @data_app.command("funnel")
