@@ -7,6 +7,8 @@
                      calibration run, pass rate, and how far the task got
 
 Each reads the newest batch of every (build, stage): a re-run stage replaces its rows.
+A batch's marker row (item_id '') makes a stage that saw nothing show with 0 in; it is
+never counted.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ DATA_VIEWS: dict[str, str] = {
             FROM data_dropped GROUP BY ALL
         ), s AS (
             SELECT run_id AS build_id, stage, any_value(stage_order) AS stage_order,
-                   count(*) AS items_in,
-                   count(*) FILTER (WHERE kept) AS items_out,
+                   count(*) FILTER (WHERE item_id <> '') AS items_in,
+                   count(*) FILTER (WHERE kept AND item_id <> '') AS items_out,
                    count(*) FILTER (WHERE NOT kept) AS dropped,
                    max(recorded_at) AS recorded_at
             FROM _data_items_latest GROUP BY run_id, stage

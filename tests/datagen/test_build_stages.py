@@ -159,3 +159,22 @@ def test_a_stage_without_its_input_names_the_stage_to_run(tmp_path):
     b = Build(tmp_path / "out")
     with pytest.raises(BuildError, match="run the ingest stage first"):
         b.synth(ModelConfig(model="m", base_url="http://127.0.0.1:9/v1"))
+
+
+def test_the_funnel_shows_an_empty_stage_and_a_rerun_replaces_a_stage(tmp_path):
+    wh = Warehouse(tmp_path / "wh")
+    wh.write_data_items("b1", "ingest", [{"item_id": "a.txt", "kept": True},
+                                         {"item_id": "b.bin", "kept": False, "reason": "binary"}])
+    wh.write_data_items("b1", "synth", [])
+    with pytest.raises(ValueError, match="unknown field"):
+        wh.write_data_items("b1", "clean", [{"item_id": "x", "kept": True, "colour": "red"}])
+    with pytest.raises(ValueError, match="data stage 'dedupe'"):
+        wh.write_data_items("b1", "dedupe", [])
+    with wh.query() as q:
+        assert q.rows("SELECT stage, items_in, items_out, dropped, consistent FROM data_funnel") == [
+            ("ingest", 2, 1, 1, True), ("synth", 0, 0, 0, True)]
+    wh.write_data_items("b1", "ingest", [{"item_id": "a.txt", "kept": True}])  # the stage again
+    with wh.query() as q:
+        assert q.rows("SELECT stage, items_in, dropped_by_reason FROM data_funnel WHERE stage = 'ingest'") == [
+            ("ingest", 1, "")]
+        assert q.rows("SELECT count(*) FROM data_dropped") == [(0,)]
