@@ -119,9 +119,17 @@ def content_words(text: str) -> list[str]:
     return [w for w in re.findall(r"\w+", text.lower()) if w not in _STOP]
 
 
+MAX_REPLY_CHARS = 64_000  # a question is a few hundred characters; more is not one
+
+
 def parse_json(content: str | None) -> dict[str, Any]:
+    """The one JSON object of a reply. The reply is the endpoint's text, untrusted: its
+    length is bounded before parsing, and nesting deep enough to exhaust the parser's
+    recursion is malformed JSON, not a crash of the stage."""
     if not content or not content.strip():
         raise Invalid("malformed_json", "the reply is empty")
+    if len(content) > MAX_REPLY_CHARS:
+        raise Invalid("malformed_json", f"the reply is {len(content):,} characters, over {MAX_REPLY_CHARS:,}")
     text = content.strip()
     fence = re.match(r"^```(?:json)?\s*(.*?)\s*```$", text, re.S)
     if fence:
@@ -130,6 +138,8 @@ def parse_json(content: str | None) -> dict[str, Any]:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise Invalid("malformed_json", f"not JSON ({e.msg} at offset {e.pos})") from None
+    except RecursionError:
+        raise Invalid("malformed_json", "nested too deeply to be a question") from None
     if not isinstance(obj, dict):
         raise Invalid("malformed_json", f"a JSON {type(obj).__name__}, not an object")
     return obj
