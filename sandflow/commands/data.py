@@ -368,7 +368,9 @@ def cmd_funnel(
     if as_json:
         typer.echo(json.dumps(reports, indent=1, default=str))
         return
-    _show(reports, out, b.build_id, "<warehouse>")
+    from sandflow.config import settings_warehouse
+
+    _show(reports, out, b.build_id, str(settings_warehouse()))
 
 
 def register(app: typer.Typer) -> None:
