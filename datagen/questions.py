@@ -43,6 +43,10 @@ REASONS = (
     "unsupported_by_context",
 )
 MAX_FIELD_CHARS = 2000
+_WORD = re.compile(r"\w+")
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+_LETTER_SEP = re.compile(r"[,;\s]+")
+_OPTION_LETTER = re.compile(r"^\(?[A-Ha-h][).:]\s+")
 MAX_OPTIONS = 8
 MIN_ANSWER_SUPPORT = 0.6  # share of the answer's content words found in the document
 
@@ -112,11 +116,11 @@ class Invalid(ValueError):
 
 
 def _fold(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip().lower()
+    return " ".join(text.split()).lower()
 
 
 def content_words(text: str) -> list[str]:
-    return [w for w in re.findall(r"\w+", text.lower()) if w not in _STOP]
+    return [w for w in _WORD.findall(text.lower()) if w not in _STOP]
 
 
 MAX_REPLY_CHARS = 64_000  # a question is a few hundred characters; more is not one
@@ -131,7 +135,7 @@ def parse_json(content: str | None) -> dict[str, Any]:
     if len(content) > MAX_REPLY_CHARS:
         raise Invalid("malformed_json", f"the reply is {len(content):,} characters, over {MAX_REPLY_CHARS:,}")
     text = content.strip()
-    fence = re.match(r"^```(?:json)?\s*(.*?)\s*```$", text, re.S)
+    fence = _FENCE.match(text) if text.startswith("```") else None
     if fence:
         text = fence.group(1)
     try:
@@ -155,7 +159,7 @@ def _text_field(obj: dict[str, Any], name: str) -> str:
 
 
 def _letters(answer: str, n_options: int) -> list[str]:
-    parts = [p.strip().strip("()").upper() for p in re.split(r"[,;\s]+", answer) if p.strip()]
+    parts = [p.strip().strip("()").upper() for p in _LETTER_SEP.split(answer) if p.strip()]
     bad = [p for p in parts if len(p) != 1 or p not in LETTERS]
     if bad or not parts:
         raise Invalid("answer_not_in_options", f"answer {answer!r} is not option letters")
@@ -172,7 +176,7 @@ def _letters(answer: str, n_options: int) -> list[str]:
 def _document_index(context: str) -> tuple[str, frozenset[str]]:
     """The folded document and its words, once per piece (n questions ask about one piece)."""
     folded = _fold(context)
-    return folded, frozenset(re.findall(r"\w+", folded))
+    return folded, frozenset(_WORD.findall(folded))
 
 
 def supported(answer_text: str, evidence: str, context: str) -> str | None:
@@ -202,7 +206,7 @@ def check(qtype: str, content: str | None, context: str) -> Question:
             raise Invalid("schema_mismatch", "'options' is missing or not a list of non-empty strings")
         if not 2 <= len(raw) <= MAX_OPTIONS:
             raise Invalid("schema_mismatch", f"{len(raw)} options; give 2 to {MAX_OPTIONS}")
-        options = tuple(re.sub(r"^\(?[A-Ha-h][).:]\s+", "", o.strip()) for o in raw)
+        options = tuple(_OPTION_LETTER.sub("", o.strip()) for o in raw)
         folded = [_fold(o) for o in options]
         if len(set(folded)) != len(folded):
             dup = next(o for o in options if folded.count(_fold(o)) > 1)

@@ -142,6 +142,9 @@ def plan_slots(pieces: Sequence[Piece], n: int, types: Sequence[str]) -> list[Sl
     return [Slot(p, i, types[i % len(types)]) for p in pieces for i in range(n)]
 
 
+FLUSH_EVERY = 16  # replies written to the cache file between flushes
+
+
 class ReplyCache:
     """Replies by request hash, in a JSONL file (appended; the last line of a key wins)."""
 
@@ -150,6 +153,7 @@ class ReplyCache:
         self._lock = threading.Lock()
         self._data: dict[str, dict[str, Any]] = {}
         self._file: Any = None
+        self._unflushed = 0
         if path is not None and path.is_file():
             for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
@@ -171,7 +175,10 @@ class ReplyCache:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                     self._file = self.path.open("a", encoding="utf-8")
                 self._file.write(line)
-                self._file.flush()  # a crash loses at most the reply in flight
+                self._unflushed += 1
+                if self._unflushed >= FLUSH_EVERY:  # a crash loses at most these replies:
+                    self._file.flush()  # they are asked again on the next run
+                    self._unflushed = 0
 
     def close(self) -> None:
         with self._lock:
@@ -212,13 +219,17 @@ class SynthResult:
         return sum(o.completion_tokens for o in self.outcomes)
 
 
-def request_key(cfg: ModelConfig, messages: list[dict[str, str]], extra: dict[str, Any], slot: int) -> str:
-    blob = json.dumps(
-        {"model": cfg.model, "messages": messages, "extra": extra, "temperature": cfg.temperature,
-         "top_p": cfg.top_p, "max_tokens": cfg.max_tokens, "slot": slot},
-        sort_keys=True, ensure_ascii=False,
-    )
-    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+def request_key(cfg: ModelConfig, template: Template, qtype: str, structured: str, slot: int,
+                text: str) -> str:
+    """The reply cache's key: everything the request is made of (the messages are a
+    function of the template version, the type and the piece's text; the structured-output
+    body of the style and the type), hashed without serialising the messages again."""
+    h = hashlib.sha256("\0".join(map(str, (
+        cfg.model, template.version, qtype, structured, slot, cfg.temperature, cfg.top_p, cfg.max_tokens,
+    ))).encode())
+    h.update(b"\0")
+    h.update(text.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
 
 
 def synthesize(
@@ -248,13 +259,12 @@ def synthesize(
     lock = threading.Lock()
 
     def one(slot: Slot) -> SlotOutcome:
-        messages = template.messages(slot.qtype, slot.piece.text)
-        key = request_key(cfg, messages, extras[slot.qtype], slot.index)
+        key = request_key(cfg, template, slot.qtype, structured, slot.index, slot.piece.text)
         row = cache.get(key)
         cached = row is not None
         if row is None:
             try:
-                reply = clients[slot.qtype].complete(messages)
+                reply = clients[slot.qtype].complete(template.messages(slot.qtype, slot.piece.text))
             except ModelError as e:
                 row = None
                 out = SlotOutcome(slot.slot_id, slot.piece.piece_id, slot.qtype, False,
