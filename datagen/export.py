@@ -1,6 +1,6 @@
 """Export: the calibrated tasks as training data, and a dataset card beside them.
 
-    train.parquet   verl / rllm rows in the LIS-RL contract (analysis.rollouts.taskset_rows:
+    train.parquet   verl / rllm rows in the LIS-RL contract (datasets_prep.rows.task_rows:
                     the sandbox episode's own prompt; the whole task in extra_info)
     sft.jsonl       rejection-sampled SFT data: the calibration run's passing trajectories
                     as chat messages with tool calls, each row with the `tools` list
@@ -17,20 +17,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.rollouts import (
-    TASKSET_SCHEMA,
-    episode_messages,
-    sandbox_prompt,
-    taskset_rows,
-    write_rows,
-)
+from analysis.rollouts import episode_messages, sandbox_prompt, write_rows
+from datasets_prep.rows import row_schema, task_rows
 from datasets_prep.task import Task
 from tasks.tools import TOOL_SCHEMAS
 from warehouse.rundata import RunData
 
 
 def write_train(tasks: Sequence[Task], path: Path, source: str) -> Path:
-    return write_rows(taskset_rows(tasks, sandbox_prompt, source=source), TASKSET_SCHEMA, path)
+    return write_rows(task_rows(tasks, sandbox_prompt, source=source), row_schema(), path)
 
 
 def _arguments(text: str | None) -> Any:
