@@ -106,6 +106,16 @@ class AttachTransport:
                 s.close()
 
 
+# The engine's default masked paths (moby's oci defaults), plus /proc/key-users: the
+# kernel's key counts per uid of the whole host (the keyring itself is refused by the
+# engine's seccomp profile; bwrap masks the same files, sandbox/bwrap_backend.py).
+MASKED_PATHS = [
+    "/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/key-users",
+    "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+    "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+]  # fmt: skip
+
+
 class DockerSandbox(HelperSandbox):
     backend = "docker"
 
@@ -140,8 +150,8 @@ class DockerSandbox(HelperSandbox):
 
         lim = self.config.limits
         size = f"size={lim.tmp_size_mb}m"
-        owned = f"{size},uid=1000,gid=1000,mode=0755"
-        return self.api.create_host_config(
+        owned = f"{size},uid={SANDBOX_UID},gid={SANDBOX_GID},mode=0755"
+        config = self.api.create_host_config(
             auto_remove=True,
             read_only=True,
             network_mode=holder.network_mode if holder else self._network_mode(),
@@ -158,12 +168,15 @@ class DockerSandbox(HelperSandbox):
             # stdout is the helper's protocol stream, not a log: the default json-file driver
             # would encode and write every byte of it to disk (and halve file-read speed)
             log_config=LogConfig(type=LogConfig.types.NONE),
+            runtime=self.config.runtime,  # None: the engine's default
             tmpfs={
                 "/tmp": f"{size},mode=1777,exec",
                 HOME: f"{owned},exec",
                 self.config.workdir: f"{owned},exec",
             },
         )
+        config["MaskedPaths"] = MASKED_PATHS  # replaces the engine's list: keeps all of it
+        return config
 
     def _environment(self) -> dict[str, str]:
         from sandbox.image import image_env
@@ -181,11 +194,9 @@ class DockerSandbox(HelperSandbox):
 
     def _start(self) -> None:
         """Create + attach + start; with a netns holder, a dead holder is replaced once."""
-        pool = (
-            netns.pool_for(self.api, self.image)
-            if netns.enabled(self.config.limits.network)
-            else None
-        )
+        # gVisor (or another runtime) brings its own network stack: no pooled runc namespace
+        pooled = netns.enabled(self.config.limits.network) and not self.config.runtime
+        pool = netns.pool_for(self.api, self.image) if pooled else None
         for attempt in range(2):
             self._holder = pool.acquire(fresh=attempt > 0) if pool else None
             try:
