@@ -159,7 +159,7 @@ class DockerSandbox(HelperSandbox):
             # address, where the host firewall refuses anything but the proxy port
             dns=[self.egress.gateway] if self.egress else None,
             cap_drop=["ALL"],
-            cap_add=list(HELPER_CAPS) if privsep() else [],  # the helper's; its children drop them
+            cap_add=list(HELPER_CAPS) if self._privsep() else [],  # the helper's; children drop them
             security_opt=["no-new-privileges"],
             nano_cpus=int(lim.cpus * 1e9),
             mem_limit=f"{lim.memory_mb}m",
@@ -177,6 +177,13 @@ class DockerSandbox(HelperSandbox):
         )
         config["MaskedPaths"] = MASKED_PATHS  # replaces the engine's list: keeps all of it
         return config
+
+    def _privsep(self) -> bool:
+        """The helper as uid 0 apart from the sandbox user: under runc (the default). Another
+        runtime runs it as the sandbox user: gVisor (Debian's runsc 2022-12) does not
+        implement setfsuid, which the privileged helper needs and checks (it would refuse to
+        start); the channel then rests on the non-dumpable mark and the runtime's own kernel."""
+        return privsep() and self.config.runtime in (None, "runc")
 
     def _environment(self) -> dict[str, str]:
         from sandbox.image import image_env
@@ -221,7 +228,7 @@ class DockerSandbox(HelperSandbox):
                 lambda: self.api.create_container(
                     self.image,
                     BOOT_ARGV,
-                    user="0:0" if privsep() else f"{SANDBOX_UID}:{SANDBOX_GID}",
+                    user="0:0" if self._privsep() else f"{SANDBOX_UID}:{SANDBOX_GID}",
                     working_dir=self.config.workdir,
                     # the engine refuses a hostname with a container: network; the holder has it
                     hostname=None if holder else "sandbox",
