@@ -159,12 +159,13 @@ class DockerSandbox(HelperSandbox):
             # address, where the host firewall refuses anything but the proxy port
             dns=[self.egress.gateway] if self.egress else None,
             cap_drop=["ALL"],
-            cap_add=list(HELPER_CAPS) if self._privsep() else [],  # the helper's; children drop them
+            # the helper's capabilities; its children drop them
+            cap_add=list(HELPER_CAPS) if self._privsep() else [],
             security_opt=["no-new-privileges"],
             nano_cpus=int(lim.cpus * 1e9),
             mem_limit=f"{lim.memory_mb}m",
             memswap_limit=f"{lim.memory_mb}m",
-            pids_limit=lim.pids,
+            pids_limit=self._host_pids(),
             # stdout is the helper's protocol stream, not a log: the default json-file driver
             # would encode and write every byte of it to disk (and halve file-read speed)
             log_config=LogConfig(type=LogConfig.types.NONE),
@@ -177,6 +178,16 @@ class DockerSandbox(HelperSandbox):
         )
         config["MaskedPaths"] = MASKED_PATHS  # replaces the engine's list: keeps all of it
         return config
+
+    def _host_pids(self) -> int:
+        """The engine's pids limit: the sandbox's own under runc. Under another runtime the
+        cgroup also counts the runtime's host tasks: gVisor's ptrace platform took ~54 for
+        itself and ~13 per process of the sandbox (measured: 50 sleeps -> 691), and its
+        kernel panicked at the limit ("error initializing first thread: resource
+        temporarily unavailable"): 16 per allowed process + 128. The helper still counts
+        the sandbox's own processes against `limits.pids` (its runaway check)."""
+        pids = self.config.limits.pids
+        return pids if self.config.runtime in (None, "runc") else pids * 16 + 128
 
     def _privsep(self) -> bool:
         """The helper as uid 0 apart from the sandbox user: under runc (the default). Another

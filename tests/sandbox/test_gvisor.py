@@ -80,10 +80,10 @@ def test_under_gvisor_the_keyring_never_reaches_the_host_kernel(
 
 
 @pytest.mark.xfail(
-    reason="does not hold here (2026-11-26, Debian runsc 0.0~20221219 on the ptrace platform, "
-    "Docker 20.10): the sandbox's init exits in the middle of the probe battery, at another "
-    "probe each run (sysv_ipc, writable_places_tree; 3 runs, 512 MB and 2 GB), while each "
-    "probe alone and 60 execs over 25 s held; not pinned down",
+    reason="does not hold here (2026-11-26, Debian runsc 0.0~20221219, ptrace platform, "
+    "Docker 20.10): the dirty episode's 44-line script never finishes under gVisor (the "
+    "shell gets SIGHUP after the 120 s timeout: status 129, bash 'wait_for: No record of "
+    "process 20'), while its first 26 lines, and its last part alone, do; not pinned down",
     strict=False,
 )
 def test_the_reset_battery_holds_under_gvisor(gvisor: Callable[..., SandboxConfig]) -> None:
@@ -96,7 +96,7 @@ def test_the_reset_battery_holds_under_gvisor(gvisor: Callable[..., SandboxConfi
     try:
         sb = pool.acquire(gvisor("dirty"))
         name = sb.name
-        dirty = sb.exec(DIRTY, timeout=120)
+        dirty = sb.exec(DIRTY, timeout=30)  # runc: ~2 s
         assert dirty.exit_code == 0, dirty.stderr
         assert _observe(sb)["processes"] != expected["processes"]
         sb.close()
