@@ -82,7 +82,7 @@ def test_under_gvisor_the_keyring_never_reaches_the_host_kernel(
 @pytest.mark.xfail(
     reason="does not hold here (2026-11-26, Debian runsc 0.0~20221219, ptrace platform, "
     "Docker 20.10): the dirty episode's 44-line script never finishes under gVisor (the "
-    "shell gets SIGHUP after the 120 s timeout: status 129, bash 'wait_for: No record of "
+    "shell gets SIGHUP at the timeout, 120 s and 30 s: status 129, bash 'wait_for: No record of "
     "process 20'), while its first 26 lines, and its last part alone, do; not pinned down",
     strict=False,
 )
