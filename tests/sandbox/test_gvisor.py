@@ -113,3 +113,20 @@ def test_the_reset_battery_holds_under_gvisor(gvisor: Callable[..., SandboxConfi
         again.close()
     finally:
         pool.close()
+
+
+def test_the_runtime_setting_reaches_the_engine(
+    sandbox_image: str, test_run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SANDFLOW_SANDBOX_RUNTIME -> the settings -> RunSpec -> SandboxConfig.runtime -> the
+    engine: a runtime the engine does not have is refused at start, naming it (runs on any
+    engine, runsc or not)."""
+    from sandbox import SandboxError
+    from sandflow.commands.pipeline import _run_spec
+    from sandflow.config import load_settings
+
+    monkeypatch.setenv("SANDFLOW_SANDBOX_RUNTIME", "sandflow-no-such-runtime")
+    cfg = _run_spec(load_settings(), run_id=test_run_id).to_sandbox_config()
+    assert cfg.runtime == "sandflow-no-such-runtime"
+    with pytest.raises(SandboxError, match="sandflow-no-such-runtime"):
+        open_sandbox(cfg.model_copy(update={"limits": SandboxLimits(memory_mb=256)}))
