@@ -113,6 +113,8 @@ def test_the_reset_battery_holds_under_gvisor(gvisor: Callable[..., SandboxConfi
         again.close()
     finally:
         pool.close()
+        for slot in list(pool._slots):  # a lease the failed check never gave back
+            slot.box.kill()
 
 
 def test_the_runtime_setting_reaches_the_engine(
