@@ -168,6 +168,7 @@ def show_cmd(
     from datasets_prep.io import read_taskset
     from datasets_prep.task import content_size, human_bytes
     from datasets_prep.verifiers import choose
+    from sandflow.console import fits
 
     console = _console()
     try:
@@ -192,7 +193,7 @@ def show_cmd(
             f"[bold]ground truth[/] {escape(_clip(str(t.ground_truth), 200))}"
             + (f"\n[bold]files[/] ({len(t.input_files)}, in {escape(t.input_dir)})\n{files}" if t.input_files else "")
         )
-        console.print(Panel(body, title=escape(t.id), title_align="left"))
+        console.print(Panel(body, title=escape(t.id), title_align="left", expand=fits(console)))
 
 
 def _clip(s: str, n: int) -> str:

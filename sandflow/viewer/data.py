@@ -33,11 +33,11 @@ SORTS = {
     "started": "e.started_at",
 }
 
-# One verdict per episode: its newest score (any verifier), as the `accuracy` view decides.
+# One verdict per episode: the warehouse's `episode_score` view (warehouse/views.py), the
+# one the `accuracy` view reads.
 NEWEST_SCORE = """
-    SELECT run_id, episode_id, verifier, score, passed, reason FROM scores
+    SELECT run_id, episode_id, verifier, score, passed, reason FROM episode_score
     WHERE run_id IN ({runs})
-    QUALIFY row_number() OVER (PARTITION BY run_id, episode_id ORDER BY scored_at DESC, verifier) = 1
 """
 
 
@@ -416,12 +416,8 @@ def same_task(
     """Other episodes of the same task: the other mode, other samples, other runs."""
     return lw.fetch(
         """
-        WITH s AS (
-            SELECT run_id, episode_id, score FROM scores
-            QUALIFY row_number() OVER (PARTITION BY run_id, episode_id ORDER BY scored_at DESC, verifier) = 1
-        )
         SELECT e.run_id, e.episode_id, e.mode, e.sample_index, e.termination, e.num_turns, s.score
-        FROM episodes e LEFT JOIN s USING (run_id, episode_id)
+        FROM episodes e LEFT JOIN episode_score s USING (run_id, episode_id)
         WHERE e.task_id = ? AND NOT (e.run_id = ? AND e.episode_id = ?)
         ORDER BY e.run_id = ? DESC, e.run_id, e.mode, e.sample_index
         LIMIT 50
