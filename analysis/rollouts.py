@@ -25,11 +25,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from analysis.advantages import group_advantages
 from datasets_prep.task import Task
@@ -484,17 +482,6 @@ def token_rows(
     return rows
 
 
-# ----------------------------------------------------------------------------- files
-def write_rows(rows: list[dict[str, Any]], schema: pa.Schema, path: Path) -> Path:
-    """Write rows with an explicit schema (stable types even for empty or sparse rows)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(rows, schema=schema)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(path)
-    return path
-
-
 # ------------------------------------------------------------------ task-set export
 def sandbox_prompt(task: Task) -> list[dict[str, Any]]:
     """The messages a sandbox-mode episode starts from (tasks' own templates)."""
@@ -502,7 +489,3 @@ def sandbox_prompt(task: Task) -> list[dict[str, Any]]:
 
     return load_prompts(task.domain, None).sandbox_messages(task)
 
-
-def export_taskset(ts: Any, path: Path, source: str = "sandflow") -> Path:
-    """A task set as verl/rllm rows whose prompts are the sandbox episode's own."""
-    return write_rows(taskset_rows(ts.tasks, sandbox_prompt, source=source), TASKSET_SCHEMA, path)

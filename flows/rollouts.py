@@ -15,16 +15,22 @@ from typing import Any
 from prefect import flow
 
 from analysis.rollouts import (
+    TASKSET_SCHEMA,
     TOKEN_SCHEMA,
     TRAJECTORY_SCHEMA,
     ExportStats,
-    export_taskset,
+    sandbox_prompt,
+    taskset_rows,
     token_rows,
     trajectory_rows,
-    write_rows,
 )
 from flows import artifacts
-from warehouse import DEFAULT_ROOT, Warehouse
+from warehouse import DEFAULT_ROOT, Warehouse, write_export
+
+
+def export_taskset(ts: Any, path: Path, source: str = "sandflow") -> Path:
+    """A task set as verl/rllm rows whose prompts are the sandbox episode's own."""
+    return write_export(taskset_rows(ts.tasks, sandbox_prompt, source=source), TASKSET_SCHEMA, path)
 
 
 @flow(name="sandflow-rollouts", log_prints=False)
@@ -52,10 +58,10 @@ def rollouts_flow(
     except Exception as exc:  # the trajectories are still worth exporting
         files["taskset_error"] = str(exc)
     traj = trajectory_rows(data, max_seq_tokens=max_seq_tokens, overlong=overlong, stats=stats)  # type: ignore[arg-type]
-    files["trajectories"] = str(write_rows(traj, TRAJECTORY_SCHEMA, out / "trajectories.parquet"))
+    files["trajectories"] = str(write_export(traj, TRAJECTORY_SCHEMA, out / "trajectories.parquet"))
     tok = token_rows(data, max_seq_tokens=max_seq_tokens, overlong=overlong, stats=stats)  # type: ignore[arg-type]
     if tok:
-        files["tokens"] = str(write_rows(tok, TOKEN_SCHEMA, out / "tokens.parquet"))
+        files["tokens"] = str(write_export(tok, TOKEN_SCHEMA, out / "tokens.parquet"))
     summary = {"run_id": run_id, "out_dir": str(out), "files": files, **stats.as_dict()}
     if stats.token_mismatches:
         summary["token_mismatch_examples"] = stats.token_mismatches[:5]
