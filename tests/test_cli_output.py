@@ -15,10 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from tests.warehouse.factory import make_episode, record
+from tests.warehouse.test_read_cache import _corrupt_data_pages
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,14 +47,6 @@ def _on_one_line(text: str, *wanted: str) -> None:
     lines = text.splitlines()
     for w in wanted:
         assert any(w in ln for ln in lines), f"{w!r} is not whole on any line of:\n{text}"
-
-
-def _corrupt_data_pages(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    end = len(data) - pq.read_metadata(path).serialized_size - 8
-    for i in range(8, end, 29):
-        data[i] ^= 0x5A
-    path.write_bytes(bytes(data))
 
 
 def test_paths_ids_and_numbers_arrive_whole_in_a_pipe(long_tmp: Path) -> None:

@@ -26,7 +26,9 @@ A file whose header and footer are fine but whose data pages are corrupt passes 
 snapshot's checks and fails inside a query with an error that may name no file. Such an
 error makes the session read its files in full (validate.verify_data, cached per file) to
 find the culprit; it is then left out like any other bad file (a warning names it,
-``snapshot.bad`` lists it) and the query runs again without it.
+``snapshot.bad`` lists it) and the query runs again without it. It is also written to the
+warehouse's list of known-bad files (badfiles.py), so every later session, in any
+process, leaves it out from the start and every count agrees.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from sandflow.viewer.store import LiveWarehouse
+from warehouse.fields import TURN_COLUMNS as stored_turn_columns
 
 EPISODES_PER_PAGE = 50
 TURNS_PER_PAGE = 25
@@ -359,11 +360,15 @@ def scores(lw: LiveWarehouse, run_id: str, episode_id: str) -> list[dict[str, An
     return cur + stale
 
 
-TURN_COLUMNS = (
-    "turn_index, started_at, assistant_content, reasoning_content, tool_calls, observations, "
-    "extra_messages, finish_reason, model_latency_s, tool_latency_s, prompt_tokens, "
-    "completion_tokens, cached_tokens, reasoning_tokens, error, request_max_tokens, attempts"
-)
+# A turn page shows every stored turn column (warehouse/fields.py: a field added to
+# TurnRecord shows up here too) but the ids and the bulky token and egress data.
+NOT_SHOWN = frozenset(
+    {
+        "run_id", "episode_id", "write_id", "num_tool_calls", "prompt_token_ids",
+        "completion_token_ids", "completion_logprobs", "prompt_token_ids_prefix_len", "egress",
+    }
+)  # fmt: skip
+TURN_COLUMNS = ", ".join(f'"{c.name}"' for c in stored_turn_columns if c.name not in NOT_SHOWN)
 
 
 def turns(
