@@ -11,12 +11,14 @@ builds its consoles through `console()` / `err_console()`, never `rich.Console()
 
 Renderables that fill the width by design (a panel, a rule) fill only what they need
 there: `fits(console)` is the ``expand`` a panel should get, and `rule()` draws a
-terminal-wide rule or a short one.
+terminal-wide rule or a short one. The errors typer prints itself (a bad flag value, a
+missing --input-dir) go through `plain_usage_errors`: click's own one-line ``Error:``
+when stderr is not a terminal, typer's panel on a terminal.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -65,3 +67,25 @@ def cell_width(c: Console, asked: int | None, default: int) -> int | None:
     if asked is not None:
         return asked
     return default if c.is_terminal else None
+
+
+def plain_usage_errors() -> None:
+    """Off a terminal, print typer's usage errors as click does (``Error: <message>`` on
+    one line) instead of in a rich panel wrapped at $COLUMNS. Installed by the `sandflow`
+    entry point (sandflow.cli.main) before the command line is parsed."""
+    import sys
+
+    from typer import rich_utils
+
+    panel = getattr(rich_utils, "rich_format_error", None)
+    if panel is None or getattr(panel, "_sandflow_plain", False):
+        return
+
+    def format_error(exc: Any) -> None:
+        if sys.stderr.isatty():
+            panel(exc)
+        else:
+            exc.show()
+
+    format_error._sandflow_plain = True  # type: ignore[attr-defined]
+    rich_utils.rich_format_error = format_error  # type: ignore[assignment]

@@ -94,3 +94,9 @@ def test_paths_ids_and_numbers_arrive_whole_in_a_pipe(long_tmp: Path) -> None:
     r = _sandflow(long_tmp, "sql", "SELECT 1", "-w", str(missing))
     assert r.returncode == 1
     _on_one_line(r.stderr, f"warehouse root {missing} does not exist")
+
+    # an error typer itself prints (a bad flag value), not in a panel wrapped at 40
+    gone = long_tmp / "no-such-input-dir"
+    r = _sandflow(long_tmp, "run", "--input-dir", str(gone), "--query", "hi")
+    assert r.returncode == 2
+    _on_one_line(r.stderr, f"'{gone}' does not exist")
