@@ -61,6 +61,12 @@ def rule(c: Console, title: str = "") -> None:
     c.print(Rule(title), width=None if c.is_terminal else RULE_WIDTH)
 
 
+def short(c: Console, text: str, n: int) -> str:
+    """An id or hash shortened to `n` characters for a person at a terminal (like git's
+    short hashes); whole anywhere else, where a script may need all of it."""
+    return text[:n] if c.is_terminal else text
+
+
 def cell_width(c: Console, asked: int | None, default: int) -> int | None:
     """How many characters a table cell may show: what the user asked, else `default` on
     a terminal and no limit elsewhere (an id or path is never cut in a pipe)."""

@@ -11,6 +11,7 @@ and every path, id and number it prints must arrive whole on one line.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,7 @@ def test_paths_ids_and_numbers_arrive_whole_in_a_pipe(long_tmp: Path) -> None:
     r = _sandflow(long_tmp, "tasks", "prepare", "smoke", "--size", "3", "--out", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     _on_one_line(r.stdout, f"wrote {out}")
+    assert re.search(r"content hash [0-9a-f]{64}\)", r.stdout), r.stdout  # whole, not 12
 
     # an error message naming a path
     missing = long_tmp / "no-such-warehouse"

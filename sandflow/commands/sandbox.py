@@ -10,7 +10,7 @@ import typer
 
 from sandflow.commands.network_option import network_option
 from sandflow.console import console as stdout_console
-from sandflow.console import fits
+from sandflow.console import fits, short
 from sandflow.errors import EXIT_FAILED, EXIT_USAGE, fail
 
 image_app = typer.Typer(
@@ -160,7 +160,7 @@ def sandbox_ls(
         reason = s.garbage_reason()
         table.add_row(
             s.backend,
-            s.id[:12],
+            short(console, s.id, 12),
             s.run_id,
             s.episode_id,
             s.status,
@@ -209,7 +209,7 @@ def sandbox_gc(
     for col in ("backend", "id", "run", "episode", "why"):
         table.add_column(col)
     for info, why in removed:
-        table.add_row(info.backend, info.id[:12], info.run_id, info.episode_id, why)
+        table.add_row(info.backend, short(console, info.id, 12), info.run_id, info.episode_id, why)
     console.print(table)
 
 

@@ -75,9 +75,11 @@ def summary_table(ts: Any) -> Any:
     from rich.table import Table
 
     from datasets_prep.task import human_bytes
+    from sandflow.console import short
 
     s = ts.summary()
-    t = Table(title=f"{s['name']}: {s['count']} tasks  (content hash {s['content_hash'][:12]})")
+    h = short(_console(), s["content_hash"], 12)
+    t = Table(title=f"{s['name']}: {s['count']} tasks  (content hash {h})")
     t.add_column("domain", style="bold")
     t.add_column("tasks", justify="right")
     t.add_column("types")
