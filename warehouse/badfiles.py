@@ -96,7 +96,17 @@ def prime(root: Path) -> list[BadFile]:
 def remember(root: Path, bad: Iterable[BadFile]) -> None:
     """Add `bad` to the registry (dropping entries that no longer apply), under a lock:
     concurrent sessions each add what they found and lose nothing."""
+    settle(root, [], bad)
+
+
+def settle(root: Path, checked: Iterable[Path], bad: Iterable[BadFile]) -> None:
+    """Record `bad`, and forget the entries of `checked` files that are not in it: every
+    page of those was read again just now (`sandflow warehouse check`), so a file once
+    judged bad by a passing fault (an I/O error) is counted again."""
     root = Path(root)
+    bad = list(bad)
+    found = {b.path for b in bad}
+    checked = set(checked) - found
     new = []
     for b in bad:
         try:
@@ -109,9 +119,9 @@ def remember(root: Path, bad: Iterable[BadFile]) -> None:
                 {"path": str(rel), "identity": list(key[1:]), "table": b.table,
                  "reason": b.reason[:MAX_REASON]}  # fmt: skip
             )
-    if not new:
-        return
     path = registry_path(root)
+    if not new and not (checked and path.exists()):
+        return
     try:
         lock = os.open(root / (REGISTRY + ".lock"), os.O_CREAT | os.O_RDWR, 0o644)
     except OSError as exc:  # a read-only warehouse: this process still leaves them out
@@ -119,7 +129,14 @@ def remember(root: Path, bad: Iterable[BadFile]) -> None:
         return
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        keep = [e for e in _read(root) if _current(root, e) is not None]
+        entries = _read(root)
+        keep = [
+            e
+            for e in entries
+            if _inside(root, str(e["path"])) not in checked and _current(root, e) is not None
+        ]
+        if not new and len(keep) == len(entries):
+            return  # nothing to forget
         names = {e["path"] for e in new}
         lines = [e for e in keep if e["path"] not in names] + new
         tmp = path.with_name(f".{REGISTRY}.{os.getpid()}.tmp")

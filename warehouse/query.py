@@ -256,6 +256,7 @@ class WarehouseQuery:
         tables: tuple[str, ...] | None = None,
         host_files: bool = False,
         digests: bool = True,
+        known_bad: bool = True,
     ) -> None:
         self.layout = Layout(root)
         if not self.layout.root.is_dir():
@@ -273,6 +274,9 @@ class WarehouseQuery:
         # Uncompacted runs' small files are read through digests (warehouse.digest);
         # digests=False reads every file itself (`sandflow warehouse check` does).
         self.digests = digests
+        # Leave out the files other sessions found bad (warehouse.badfiles); False: judge
+        # every file afresh (`sandflow warehouse check`, which reads every page anyway).
+        self.known_bad = known_bad
         self._digest_con: duckdb.DuckDBPyConnection | None = None
         self._digest_sources: dict[Path, list[str]] = {}  # digest -> names it must leave out
         self._read_files: list[Path] = []  # the files the last build read themselves
@@ -342,7 +346,8 @@ class WarehouseQuery:
         turns_switches = self.layout.manifest_stamps("turns", runs)
         self._digest_sources = {}
         self._read_files = []
-        prime(self.layout.root)  # files other sessions found bad: left out here too
+        if self.known_bad:
+            prime(self.layout.root)  # files other sessions found bad: left out here too
         for table in TABLES:
             files, digested = self._listed(table) if table in self.tables else ([], [])
             self._read_files += files

@@ -63,14 +63,24 @@ def _err_console() -> Console:
 
 
 def _open(
-    root: Path, run: str | None, quarantine: bool, host_files: bool = False, digests: bool = True
+    root: Path,
+    run: str | None,
+    quarantine: bool,
+    host_files: bool = False,
+    digests: bool = True,
+    known_bad: bool = True,
 ) -> WarehouseQuery:
     from warehouse.query import WarehouseError, WarehouseQuery
 
     err = _err_console()
     try:
         q = WarehouseQuery(
-            root, run_id=run, quarantine=quarantine, host_files=host_files, digests=digests
+            root,
+            run_id=run,
+            quarantine=quarantine,
+            host_files=host_files,
+            digests=digests,
+            known_bad=known_bad,
         )
     except (WarehouseError, ValueError) as exc:
         raise fail(str(exc), EXIT_FAILED) from None
@@ -395,19 +405,23 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Validate every file: magic bytes, footer, schema, and (unless --quick) every data
         page of every column. Lists bad files by name; exit code 1 if there are any."""
-        from warehouse.badfiles import verify_and_remember
+        from warehouse.badfiles import settle
         from warehouse.validate import quarantine as move_aside
+        from warehouse.validate import verify_files
 
         root = _resolve_root(warehouse)
         err = _err_console()
-        with _open(root, run, quarantine, digests=False) as q:  # the files themselves, not digests
+        # the files themselves, not digests; every page read: files once found bad are
+        # judged again (a passing I/O fault is forgotten), except with --quick
+        with _open(root, run, quarantine, digests=False, known_bad=quick) as q:
             good = {t: [f.path for f in fs] for t, fs in q.snapshot.files.items()}
             n = sum(len(v) for v in good.values())
             corrupt = []
             if not quick and n:
                 with err_console().status(f"reading every page of {n} file(s) ..."):
                     for table, paths in good.items():
-                        corrupt += verify_and_remember(q.layout.root, paths, table)
+                        corrupt += verify_files(paths, table)
+                settle(q.layout.root, [p for ps in good.values() for p in ps], corrupt)
             for b in corrupt:
                 err.print(f"  [yellow]{b.path}[/yellow]: {b.reason}")
                 if quarantine:

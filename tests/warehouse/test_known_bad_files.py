@@ -195,3 +195,31 @@ def test_the_registry_never_names_a_path_outside_the_warehouse(tmp_path: Path) -
     assert prime(root) == []
     with Warehouse(root).query() as q:
         assert q.rows("SELECT count(*) FROM turns") == [(2,)] and q.snapshot.bad == []
+
+
+def test_check_judges_a_known_bad_file_again_and_forgets_a_passing_fault(tmp_path: Path) -> None:
+    """A file recorded bad by a fault that passed (an I/O error while reading) stays out
+    until `warehouse check` reads every page again and finds it sound."""
+    from warehouse.badfiles import remember
+    from warehouse.validate import BadFile
+
+    root = tmp_path / "wh"
+    _record(root, 3, turns=4)
+    sound = sorted((root / "turns" / "run_id=r1").glob("*.parquet"))[0]
+    remember(root, [BadFile(sound, "turns", "corrupt data pages: [Errno 5] Input/output error")])
+    counts, bad = _fresh_counts(root)
+    assert counts[:2] == [8, 8] and bad == [str(sound)]
+
+    def check(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sandflow.cli", "warehouse", "check", "-w", str(root), *flags],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+
+    r = check("--quick")  # footers only: what is known stays known
+    assert r.returncode == 1 and str(sound) in r.stderr, r.stdout + r.stderr
+    r = check()  # every page read again: sound
+    assert r.returncode == 0 and "0 bad" in r.stdout, r.stdout + r.stderr
+    counts, bad = _fresh_counts(root)
+    assert counts[:2] == [12, 12] and bad == []
