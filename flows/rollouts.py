@@ -1,6 +1,6 @@
 """The rollouts flow: write a run's RL data (analysis/rollouts.py) as Parquet files.
 
-    <out>/taskset.parquet        verl/rllm task rows (when the run's task set is known)
+    <out>/taskset.parquet        verl/rllm task rows of the tasks the run ran (as recorded)
     <out>/trajectories.parquet   chat messages + loss mask + reward + GRPO/RLOO advantages
     <out>/tokens.parquet         token-level rows (only when the run recorded token ids)
 
@@ -15,22 +15,22 @@ from typing import Any
 from prefect import flow
 
 from analysis.rollouts import (
-    TASKSET_SCHEMA,
     TOKEN_SCHEMA,
     TRAJECTORY_SCHEMA,
     ExportStats,
     sandbox_prompt,
-    taskset_rows,
     token_rows,
     trajectory_rows,
 )
+from datasets_prep.rows import row_schema, task_rows
 from flows import artifacts
 from warehouse import DEFAULT_ROOT, Warehouse, write_export
 
 
 def export_taskset(ts: Any, path: Path, source: str = "sandflow") -> Path:
-    """A task set as verl/rllm rows whose prompts are the sandbox episode's own."""
-    return write_export(taskset_rows(ts.tasks, sandbox_prompt, source=source), TASKSET_SCHEMA, path)
+    """A task set as verl/rllm rows (datasets_prep.rows, the one row contract) whose
+    prompts are the sandbox episode's own."""
+    return write_export(task_rows(ts.tasks, sandbox_prompt, source=source), row_schema(), path)
 
 
 @flow(name="sandflow-rollouts", log_prints=False)
@@ -43,8 +43,7 @@ def rollouts_flow(
     overlong: str = "drop",
     verifier: str | None = None,
 ) -> dict[str, Any]:
-    from datasets_prep.prepare import load_taskset
-    from flows.score import _task_set_of
+    from flows.score import tasks_of_run
 
     if overlong not in ("drop", "mask", "keep"):
         raise ValueError(f"--overlong {overlong!r}: use drop, mask or keep")
@@ -53,7 +52,7 @@ def rollouts_flow(
     stats = ExportStats()
     files: dict[str, str] = {}
     try:
-        ts = load_taskset(_task_set_of(warehouse, run_id, task_set))
+        ts = tasks_of_run(warehouse, run_id, task_set)  # the tasks the run ran, as recorded
         files["taskset"] = str(export_taskset(ts, out / "taskset.parquet"))
     except Exception as exc:  # the trajectories are still worth exporting
         files["taskset_error"] = str(exc)
