@@ -191,3 +191,24 @@ def test_cli_prices_flag(tmp_path: Path, priced_model: ScriptedModel) -> None:
             assert w in res.output, res.output
         assert "Traceback" not in res.output
     assert len(priced_model.requests) == calls
+
+
+def test_settings_read_the_price_table_from_toml_env_and_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandflow.config import load_settings
+
+    toml = tmp_path / "sandflow.toml"
+    toml.write_text('[prices."scripted"]\ninput = 2.5\ncached_input = 1.25\noutput = 10.0\nreasoning = 20.0\n')
+    monkeypatch.setenv("SANDFLOW_CONFIG", str(toml))
+    monkeypatch.delenv("SANDFLOW_PRICES", raising=False)
+    assert load_settings().prices.public_dict() == PRICES
+    # the environment (a file) beats the config file; the flag beats both
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"other": {"input": 1, "output": 2}}))
+    monkeypatch.setenv("SANDFLOW_PRICES", str(f))
+    assert list(load_settings().prices.public_dict()) == ["other"]
+    assert list(load_settings(prices=json.dumps(PRICES)).prices.public_dict()) == ["scripted"]
+    # none by default: nothing is priced
+    monkeypatch.delenv("SANDFLOW_PRICES")
+    monkeypatch.setenv("SANDFLOW_CONFIG", str(tmp_path / "absent.toml"))
+    assert not load_settings().prices
+    assert load_settings().prices.lookup("scripted") is None
