@@ -14,10 +14,12 @@ Views (registered by warehouse/query.py after the base views):
 
   turn_cost     one row per turn: model, the four token counts, cost_usd
   episode_cost  one row per episode: tokens, turns, unpriced_turns, cost_usd
-                (NULL when any turn is unpriced; 0 for a priced episode with no turns)
+                (NULL when any turn is unpriced; 0 for a priced episode with no turns),
+                sandbox_cpu_s and sandbox_peak_memory_bytes (from the sandbox's cgroup)
   run_cost      one row per run: episodes, tokens, unpriced_turns, cost_usd (NULL when
                 any turn is unpriced), known_cost_usd (the priced turns only),
-                cost_per_episode, models
+                cost_per_episode, models; the sandbox side: sandbox_cpu_s (summed),
+                sandbox_peak_memory_bytes (the largest episode's), sandbox_episodes_measured
 """
 
 from __future__ import annotations
@@ -143,7 +145,8 @@ COST_VIEWS: dict[str, str] = {
                CASE WHEN p.run_id IS NULL THEN coalesce(t.turns, 0)
                     ELSE coalesce(t.unpriced_turns, 0) END AS unpriced_turns,
                CASE WHEN p.run_id IS NULL OR coalesce(t.unpriced_turns, 0) > 0 THEN NULL
-                    ELSE coalesce(t.known_cost_usd, 0.0) END AS cost_usd
+                    ELSE coalesce(t.known_cost_usd, 0.0) END AS cost_usd,
+               e.sandbox_cpu_s, e.sandbox_peak_memory_bytes
         FROM episodes e LEFT JOIN t USING (run_id, episode_id)
         LEFT JOIN _run_prices p ON p.run_id = e.run_id AND p.model = e.model
     """,
@@ -164,7 +167,11 @@ COST_VIEWS: dict[str, str] = {
                sum(c.cost_usd) AS known_cost_usd,
                CASE WHEN count(*) FILTER (WHERE c.episode_id IS NOT NULL AND c.cost_usd IS NULL) > 0
                     THEN NULL ELSE sum(c.cost_usd) / nullif(count(c.episode_id), 0)
-               END AS cost_per_episode
+               END AS cost_per_episode,
+               -- the sandbox side: summed over the episodes whose backend measured it
+               count(c.sandbox_cpu_s) AS sandbox_episodes_measured,
+               sum(c.sandbox_cpu_s) AS sandbox_cpu_s,
+               max(c.sandbox_peak_memory_bytes) AS sandbox_peak_memory_bytes
         FROM (SELECT run_id FROM runs UNION SELECT run_id FROM episodes) r
         LEFT JOIN episode_cost c USING (run_id)
         GROUP BY r.run_id ORDER BY r.run_id
@@ -173,9 +180,10 @@ COST_VIEWS: dict[str, str] = {
 
 COST_VIEW_HELP: dict[str, str] = {
     "turn_cost": "one row per turn: model, tokens and cost_usd (NULL: the model has no price)",
-    "episode_cost": "one row per episode: tokens, unpriced_turns, cost_usd (NULL: unknown)",
+    "episode_cost": "one row per episode: tokens, unpriced_turns, cost_usd (NULL: unknown), "
+    "sandbox CPU-seconds and peak memory (from its cgroup)",
     "run_cost": "one row per run: tokens, cost_usd (NULL if any turn is unpriced), "
-    "known_cost_usd, cost_per_episode",
+    "known_cost_usd, cost_per_episode, sandbox CPU-seconds (sum) and peak memory (max)",
 }
 
 

@@ -108,6 +108,18 @@ def test_run_cost_to_the_cent_per_turn_episode_and_run(tmp_path: Path, priced_mo
     assert (prompt, cached, completion, reasoning) == (1_000_000, 400_000, 20_000, 5_000)
     assert round(usd, 2) == 2.25 and round(known, 2) == 2.25
     assert round(per_ep, 4) == round(2.25 / 4, 4)
+    # the sandbox side, from each sandbox's cgroup: measured for sandbox episodes, NULL
+    # (not 0) for LLM mode; the run sums the CPU and keeps the largest peak
+    side = _rows(wh, f"SELECT mode, sandbox_cpu_s, sandbox_peak_memory_bytes FROM episode_cost "
+                     f"WHERE run_id = '{rid}' ORDER BY mode")  # fmt: skip
+    assert [(m, c, p) for m, c, p in side if m == "llm"] == [("llm", None, None)] * 2
+    sandbox_side = [(c, p) for m, c, p in side if m == "sandbox"]
+    assert all(c is not None and c > 0 and p is not None and p > 1 << 20 for c, p in sandbox_side), side
+    (run_side,) = _rows(wh, "SELECT sandbox_episodes_measured, sandbox_cpu_s, sandbox_peak_memory_bytes "
+                            f"FROM run_cost WHERE run_id = '{rid}'")  # fmt: skip
+    assert run_side[0] == 2
+    assert run_side[1] == pytest.approx(sum(c for c, _ in sandbox_side))
+    assert run_side[2] == max(p for _, p in sandbox_side)
     # the report says it per mode and overall
     md = _report(wh, rid, tmp_path)
     assert "What the run cost" in md
