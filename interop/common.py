@@ -1,0 +1,44 @@
+"""Small conversions every format needs: timestamps, tool-call arguments, versions."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+
+def iso(ts: datetime | None) -> str | None:
+    return ts.isoformat() if ts is not None else None
+
+
+def sandflow_version() -> str:
+    try:
+        return version("sandflow")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
+    """A tool call's raw JSON text -> (object, None), or ({}, why) when it is not a JSON
+    object (the model may write anything there; the raw text is kept by the caller)."""
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}, "invalid JSON"
+    if not isinstance(value, dict):
+        return {}, f"JSON {type(value).__name__}, not an object"
+    return value, None
+
+
+def text_of(content: Any) -> str:
+    """A message's content as text (lists of parts and other JSON become JSON text)."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    return json.dumps(content, ensure_ascii=False)
+
+
+def drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
