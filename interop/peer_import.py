@@ -170,7 +170,8 @@ def _turns(run_id: str, eid: str, steps: list[dict[str, Any]], t0: datetime) -> 
     turns, at = [], t0
     for i, s in enumerate(steps):
         action = s.get("action")
-        meta = s.get("metadata") if isinstance(s.get("metadata"), dict) else {}
+        raw_meta = s.get("metadata")
+        meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
         raw_dur = meta.get("exec_time")
         dur = float(raw_dur) if isinstance(raw_dur, int | float) and raw_dur >= 0 else 0.0
         calls, obs = [], []
@@ -179,7 +180,8 @@ def _turns(run_id: str, eid: str, steps: list[dict[str, Any]], t0: datetime) -> 
             params = action.get("parameters")
             cid = f"call_{i}"
             calls.append(ToolCall(id=cid, name=action["function"], arguments=json.dumps(params if params is not None else {}, ensure_ascii=False)))
-            content = s.get("observation") if isinstance(s.get("observation"), str) else json.dumps(s.get("observation"))
+            raw_obs = s.get("observation")
+            content: str = raw_obs if isinstance(raw_obs, str) else json.dumps(raw_obs)
             m = _EXIT.match(content)
             obs.append(Observation(tool_call_id=cid, name=action["function"], content=content, exit_code=int(m.group(1)) if m else None, duration_s=dur))
         elif action:  # a free-text action: kept as the assistant's text
