@@ -8,6 +8,7 @@ group (the libraries below have no CLI of their own):
     commands/pipeline.py   bench, flows ...            (flows/, analysis/)
     commands/rl.py         rl ...                      (rl/)
     commands/compare.py    compare                     (analysis/, warehouse/)
+    commands/interop.py    export ..., import ...      (interop/)
     viewer/cli.py          view                        (the web viewer, sandflow/viewer/)
 
 Command modules import their heavy dependencies (docker, prefect, duckdb) inside the
@@ -33,9 +34,9 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from sandflow.commands import compare, episode, pipeline, rl, sandbox, sql, tasksets
+    from sandflow.commands import compare, episode, interop, pipeline, rl, sandbox, sql, tasksets
 
-    for module in (sandbox, episode, sql, tasksets, pipeline, rl, compare):
+    for module in (sandbox, episode, sql, tasksets, pipeline, rl, compare, interop):
         module.register(app)
 
 
