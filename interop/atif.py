@@ -210,7 +210,7 @@ def export_atif(root: Path | str, run_id: str, out: Path | str, *, episode_id: s
                 summary.skip("no prompt and no turns: ATIF needs one step")
                 continue
             with atomic_open(folder, safe_name(ep.record.episode_id, ".json")) as f:
-                json.dump(doc, f, ensure_ascii=False)
+                f.write(json.dumps(doc, ensure_ascii=False))
             summary.episodes += 1
             summary.files += 1
             summary.lose(NO_COST)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -12,6 +13,7 @@ def iso(ts: datetime | None) -> str | None:
     return ts.isoformat() if ts is not None else None
 
 
+@cache
 def sandflow_version() -> str:
     try:
         return version("sandflow")

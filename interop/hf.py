@@ -32,9 +32,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.rollouts import MESSAGE, episode_messages
+from interop import source
 from interop.common import iso, sandflow_version
 from interop.names import inside, prepare_out, write_text
-from interop.source import BATCH, Episode, RunSource
+from interop.source import Episode, RunSource
 from interop.summary import Summary
 
 RL_TABLES = ("trajectories", "taskset", "tokens")  # the default config first
@@ -209,7 +210,7 @@ def export_hf_run(root: Path | str, run_id: str, out: Path | str) -> Summary:
                     if ep.score is not None:
                         c["scored"] += 1
                         c["passed"] += bool(ep.score.passed)
-                    if len(rows) >= BATCH:
+                    if len(rows) >= source.BATCH:
                         w.write_table(pa.Table.from_pylist(rows, schema=EPISODE_SCHEMA))
                         rows = []
                 if rows:
@@ -293,7 +294,7 @@ def export_hf_rlset(source: Path | str, out: Path | str) -> Summary:
         sub = prepare_out(inside(prepare_out(folder / "data"), name))
         dest, tmp = inside(sub, "train.parquet"), inside(sub, ".tmp-train.parquet")
         with pq.ParquetWriter(tmp, pf.schema_arrow, compression="zstd") as w:
-            for batch in pf.iter_batches(batch_size=BATCH * 4):
+            for batch in pf.iter_batches(batch_size=source.BATCH * 4):
                 w.write_batch(batch)
                 if "run_id" in batch.schema.names:
                     runs.update(v for v in batch.column("run_id").to_pylist() if v)

@@ -83,8 +83,9 @@ class RunSource:
     def modes(self) -> list[str]:
         return [r[0] for r in self.q.rows("SELECT DISTINCT mode FROM episodes ORDER BY mode")]
 
-    def episodes(self, ids: list[str], *, batch: int = BATCH, with_turns: bool = True) -> Iterator[Episode]:
-        """The episodes `ids`, in that order, read `batch` at a time."""
+    def episodes(self, ids: list[str], *, batch: int | None = None, with_turns: bool = True) -> Iterator[Episode]:
+        """The episodes `ids`, in that order, read `batch` (default BATCH) at a time."""
+        batch = batch or BATCH
         for start in range(0, len(ids), batch):
             chunk = ids[start : start + batch]
             inlist = ", ".join(quote(i) for i in chunk)
