@@ -32,10 +32,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.rollouts import MESSAGE, episode_messages
-from interop import source
 from interop.common import iso, sandflow_version
 from interop.names import inside, prepare_out, write_text
-from interop.source import Episode, RunSource
+from interop.source import Episode, RunSource, batch_size
 from interop.summary import Summary
 
 RL_TABLES = ("trajectories", "taskset", "tokens")  # the default config first
@@ -210,7 +209,7 @@ def export_hf_run(root: Path | str, run_id: str, out: Path | str) -> Summary:
                     if ep.score is not None:
                         c["scored"] += 1
                         c["passed"] += bool(ep.score.passed)
-                    if len(rows) >= source.BATCH:
+                    if len(rows) >= batch_size():
                         w.write_table(pa.Table.from_pylist(rows, schema=EPISODE_SCHEMA))
                         rows = []
                 if rows:
@@ -294,7 +293,7 @@ def export_hf_rlset(source: Path | str, out: Path | str) -> Summary:
         sub = prepare_out(inside(prepare_out(folder / "data"), name))
         dest, tmp = inside(sub, "train.parquet"), inside(sub, ".tmp-train.parquet")
         with pq.ParquetWriter(tmp, pf.schema_arrow, compression="zstd") as w:
-            for batch in pf.iter_batches(batch_size=source.BATCH * 4):
+            for batch in pf.iter_batches(batch_size=batch_size() * 4):
                 w.write_batch(batch)
                 if "run_id" in batch.schema.names:
                     runs.update(v for v in batch.column("run_id").to_pylist() if v)

@@ -20,7 +20,12 @@ from warehouse.convert import episode_record, turn_record
 from warehouse.query import RunNotFound, WarehouseError, WarehouseQuery
 from warehouse.rundata import Score, latest_scores
 
-BATCH = 256
+BATCH = 256  # episodes per read (module-level so a benchmark or test can change it)
+
+
+def batch_size() -> int:
+    """BATCH as it is now (looked up at call time, not bound at import)."""
+    return BATCH
 
 
 @dataclass
@@ -85,7 +90,7 @@ class RunSource:
 
     def episodes(self, ids: list[str], *, batch: int | None = None, with_turns: bool = True) -> Iterator[Episode]:
         """The episodes `ids`, in that order, read `batch` (default BATCH) at a time."""
-        batch = batch or BATCH
+        batch = batch or batch_size()
         for start in range(0, len(ids), batch):
             chunk = ids[start : start + batch]
             inlist = ", ".join(quote(i) for i in chunk)
