@@ -27,3 +27,13 @@ def test_import_contracts_hold() -> None:
     r = subprocess.run([str(lint)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "0 broken" in r.stdout
+
+
+def test_interop_sits_beside_rl_above_analysis() -> None:
+    """interop/ (other tools' formats) may read analysis/ and the warehouse, never flows/ or
+    the application; rl/ and interop/ are one layer, independent of each other."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
+    assert layers.index("rl | interop") == layers.index("flows") + 1 == layers.index("analysis") - 1
+    forbidden = next(c for c in config["contracts"] if c.get("forbidden_modules") == ["sandflow", "typer", "rich"])
+    assert "interop" in forbidden["source_modules"]
