@@ -24,7 +24,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from interop.common import drop_none, iso, parse_arguments, sandflow_version, text_of
+from interop.common import (
+    drop_none,
+    identity,
+    iso,
+    outcome,
+    parse_arguments,
+    sandflow_version,
+    text_of,
+    verdict,
+)
 from interop.names import atomic_open, prepare_out, safe_name
 from interop.source import Episode, RunSource
 from interop.summary import Summary
@@ -58,17 +67,8 @@ def _agent_step(step_id: int, turn: TurnRecord, model: str, summary: Summary) ->
         ids.add(c.id)
     results = []
     for o in turn.observations:
-        extra = drop_none(
-            {
-                "name": o.name,
-                "exit_code": o.exit_code,
-                "timed_out": o.timed_out,
-                "oom_killed": o.oom_killed,
-                "truncated": o.truncated,
-                "error": o.error,
-                "duration_s": o.duration_s,
-            }
-        )
+        extra = drop_none(outcome(o))
+        extra.pop("tool_call_id")
         linked = o.tool_call_id in ids
         if not linked:  # an observation of no call of this step: keep its id aside
             extra["tool_call_id"] = o.tool_call_id
@@ -163,25 +163,13 @@ def trajectory(ep: Episode, run: dict[str, Any], summary: Summary) -> dict[str, 
         },
         "extra": drop_none(
             {
-                "run_id": e.run_id,
-                "episode_id": e.episode_id,
+                **identity(e),
                 "write_id": ep.write_id,
-                "task_id": e.task_id,
-                "domain": e.domain,
-                "mode": e.mode,
-                "sample_index": e.sample_index,
                 "dataset": run.get("dataset"),
                 "dataset_hash": run.get("dataset_hash"),
                 "started_at": iso(e.started_at),
                 "ended_at": iso(e.ended_at),
-                "termination": e.termination,
-                "infra_failure": e.is_infra_failure,
-                "error": e.error,
-                "answer": e.answer,
-                "answer_source": e.answer_source,
-                "score": s.score if s else None,
-                "passed": s.passed if s else None,
-                "verifier": s.verifier if s else None,
+                **verdict(ep),
                 "score_reason": s.reason if s else None,
             }
         ),

@@ -44,3 +44,36 @@ def text_of(content: Any) -> str:
 
 def drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
+
+
+def identity(e: Any) -> dict[str, Any]:
+    """Which episode this is (every format carries these)."""
+    return {
+        "run_id": e.run_id,
+        "episode_id": e.episode_id,
+        "task_id": e.task_id,
+        "domain": e.domain,
+        "mode": e.mode,
+        "sample_index": e.sample_index,
+    }
+
+
+def verdict(ep: Any) -> dict[str, Any]:
+    """How the episode ended and how it was judged (`ep`: an interop.source.Episode)."""
+    e, s = ep.record, ep.score
+    return {
+        "termination": e.termination,
+        "infra_failure": e.is_infra_failure,
+        "error": e.error,
+        "answer": e.answer,
+        "answer_source": e.answer_source,
+        "score": s.score if s else None,
+        "passed": s.passed if s else None,
+        "verifier": s.verifier if s else None,
+    }
+
+
+def outcome(o: Any) -> dict[str, Any]:
+    """A tool call's outcome without its text: exit code, time-out, OOM kill, truncation,
+    error, duration (and the call id and tool name)."""
+    return dict(o.model_dump(exclude={"content"}))

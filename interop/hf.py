@@ -32,27 +32,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.rollouts import MESSAGE, episode_messages
-from interop.common import iso, sandflow_version
+from interop.common import identity, iso, outcome, sandflow_version, verdict
 from interop.names import inside, prepare_out, write_text
 from interop.source import Episode, RunSource, batch_size
 from interop.summary import Summary
+from warehouse.schema import OBSERVATION
 
 RL_TABLES = ("trajectories", "taskset", "tokens")  # the default config first
 NO_PROMPT_IDS = "per-turn prompt token ids (the token-level rollouts rebuild them)"
 NO_EGRESS = "egress requests"
 
-_RESULT = pa.struct(
-    [
-        pa.field("tool_call_id", pa.string()),
-        pa.field("name", pa.string()),
-        pa.field("exit_code", pa.int32()),
-        pa.field("timed_out", pa.bool_()),
-        pa.field("oom_killed", pa.bool_()),
-        pa.field("truncated", pa.bool_()),
-        pa.field("error", pa.string()),
-        pa.field("duration_s", pa.float64()),
-    ]
-)
+# the warehouse's observation struct without the text (that is in `messages`)
+_RESULT = pa.struct([f for f in OBSERVATION if f.name != "content"])
 _TS = pa.timestamp("us", tz="UTC")
 
 # column -> (type, what it holds): the card's schema table is written from this
@@ -103,8 +94,7 @@ class RLSetError(ValueError):
 
 
 def episode_row(ep: Episode, summary: Summary) -> dict[str, Any]:
-    e, s = ep.record, ep.score
-    turns = ep.turns
+    e, turns = ep.record, ep.turns
     has_ids = any(t.completion_token_ids is not None for t in turns)
     has_lps = any(t.completion_logprobs is not None for t in turns)
     if any(t.prompt_token_ids for t in turns):
@@ -112,39 +102,14 @@ def episode_row(ep: Episode, summary: Summary) -> dict[str, Any]:
     if any(t.egress for t in turns):
         summary.lose(NO_EGRESS)
     return {
-        "run_id": e.run_id,
-        "episode_id": e.episode_id,
-        "task_id": e.task_id,
-        "domain": e.domain,
-        "mode": e.mode,
-        "sample_index": e.sample_index,
+        **identity(e),
         "model": e.model,
         "started_at": e.started_at,
         "ended_at": e.ended_at,
-        "termination": e.termination,
-        "infra_failure": e.is_infra_failure,
-        "error": e.error,
-        "answer": e.answer,
-        "answer_source": e.answer_source,
-        "score": s.score if s else None,
-        "passed": s.passed if s else None,
-        "verifier": s.verifier if s else None,
+        **verdict(ep),
         "ground_truth": ep.ground_truth,
         "messages": episode_messages(e, turns),
-        "tool_results": [
-            {
-                "tool_call_id": o.tool_call_id,
-                "name": o.name,
-                "exit_code": o.exit_code,
-                "timed_out": o.timed_out,
-                "oom_killed": o.oom_killed,
-                "truncated": o.truncated,
-                "error": o.error,
-                "duration_s": o.duration_s,
-            }
-            for t in turns
-            for o in t.observations
-        ],
+        "tool_results": [outcome(o) for t in turns for o in t.observations],
         "num_turns": len(turns),
         "num_tool_calls": sum(len(t.tool_calls) for t in turns),
         "prompt_tokens": e.prompt_tokens,

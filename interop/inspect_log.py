@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from interop.common import iso, parse_arguments, sandflow_version, text_of
+from interop.common import identity, iso, outcome, parse_arguments, sandflow_version, text_of
 from interop.names import atomic_open, prepare_out, safe_name
 from interop.source import Episode, RunSource, quote
 from interop.summary import Summary
@@ -78,13 +78,7 @@ def _tool(o: Any) -> dict[str, Any]:
         "content": o.content,
         "tool_call_id": o.tool_call_id,
         "function": o.name,
-        "metadata": {
-            "exit_code": o.exit_code,
-            "timed_out": o.timed_out,
-            "oom_killed": o.oom_killed,
-            "truncated": o.truncated,
-            "duration_s": o.duration_s,
-        },
+        "metadata": {k: v for k, v in outcome(o).items() if k not in ("tool_call_id", "name", "error")},
     }
     if o.timed_out:
         msg["error"] = {"type": "timeout", "message": o.error or "the command timed out"}
@@ -147,16 +141,7 @@ def sample(ep: Episode, summary: Summary) -> tuple[dict[str, Any], dict[str, Any
                 "metadata": {"passed": s.passed, "verifier": s.verifier},
             }
         }
-    metadata = {
-        "run_id": e.run_id,
-        "episode_id": e.episode_id,
-        "task_id": e.task_id,
-        "domain": e.domain,
-        "mode": e.mode,
-        "sample_index": e.sample_index,
-        "termination": e.termination,
-        "answer_source": e.answer_source,
-    }
+    metadata = {**identity(e), "termination": e.termination, "answer_source": e.answer_source}
     common: dict[str, Any] = {
         "id": e.task_id,
         "epoch": e.sample_index + 1,

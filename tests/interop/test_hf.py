@@ -21,7 +21,7 @@ def test_run_as_dataset(real_run: RealRun, run_data: Any, tmp_path: Path) -> Non
     res = run_cli("export", "hf", real_run.run_id, "--out", str(out), "-w", str(real_run.warehouse))
     assert res.exit_code == 0, res.output
     assert "hf: 6 episodes -> 3 files" in res.output and "not carried over: per-turn prompt token ids" in res.output
-    ds = load_dataset(str(out))
+    ds = load_dataset(str(out), cache_dir=str(tmp_path / "cache"))
     assert sorted(ds) == ["llm", "sandbox"]
     by_id = {e.episode_id: e for e in run_data.episodes}
     for split in ds.values():
@@ -54,11 +54,11 @@ def test_rl_set_as_dataset(real_run: RealRun, tmp_path: Path) -> None:
     out = tmp_path / "ds"
     res = run_cli("export", "hf", str(rl), "--out", str(out))
     assert res.exit_code == 0, res.output
-    default = load_dataset(str(out), split="train")  # the default config: trajectories
+    default = load_dataset(str(out), split="train", cache_dir=str(tmp_path / "cache"))  # the default config: trajectories
     assert len(default) == made["exported"] == 6 and "loss_mask" in default.column_names
-    tokens = load_dataset(str(out), "tokens", split="train")
+    tokens = load_dataset(str(out), "tokens", split="train", cache_dir=str(tmp_path / "cache"))
     assert len(tokens) == made["token_rows"] > 0
-    taskset = load_dataset(str(out), "taskset", split="train")
+    taskset = load_dataset(str(out), "taskset", split="train", cache_dir=str(tmp_path / "cache"))
     assert len(taskset) == 3
     card = (out / "README.md").read_text()
     assert real_run.run_id in card and "## Schema: tokens" in card

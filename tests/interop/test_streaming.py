@@ -5,39 +5,17 @@ five times the peak). Speed is measured by benchmarks/interop.py."""
 
 from __future__ import annotations
 
-import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.warehouse.factory import make_episode, record
-
-RUN = "stream"
+from benchmarks.interop import RUN, build
+from benchmarks.interop import peak as _peak
 
 
 def _build(root: Path, n: int) -> Path:
-    from warehouse import Warehouse
-
-    wh = Warehouse(root)
-    wh.write_run(RUN, model="scripted-model", dataset="bench")
-    w = wh.writer(durability="flush")
-    for i in range(n):
-        ep, turns = make_episode(RUN, f"t{i:05d}", turns=4)
-        record(w, ep, turns)
-    w.close()
-    wh.compact(RUN)
+    build(root, n)
     return root
-
-
-def _peak(fn: Callable[[], Any]) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 @pytest.mark.slow
