@@ -69,3 +69,25 @@ def test_logs_read_back_with_inspect(real_run: RealRun, run_data: Any, tmp_path:
     sandbox = read_eval_log(str(out / f"{real_run.run_id}_sandbox.eval"))
     first = next(m for m in sandbox.samples[0].messages if m.role == "assistant")
     assert any(getattr(c, "reasoning", None) == "First look at the input files." for c in first.content)
+
+
+def test_inspect_view_lists_and_serves_the_logs(real_run: RealRun, tmp_path: Path) -> None:
+    """`inspect view` opens them: its own server app (the one `inspect view` runs) lists
+    both logs with their tasks and serves each one's header and samples."""
+    from fastapi.testclient import TestClient
+    from inspect_ai._view.fastapi_server import view_server_app
+
+    out = tmp_path / "logs"
+    res = run_cli("export", "inspect", real_run.run_id, "--out", str(out), "-w", str(real_run.warehouse))
+    assert res.exit_code == 0, res.output
+    client = TestClient(view_server_app(default_dir=str(out)))
+    listing = client.get("/logs")
+    assert listing.status_code == 200, listing.text
+    files = listing.json()["files"]
+    assert sorted(f["task"] for f in files) == ["tiny-llm", "tiny-sandbox"]
+    for f in files:
+        log = client.get(f"/logs/{f['name']}")
+        assert log.status_code == 200, log.text[:500]
+        body = log.json()
+        assert body["status"] == "success" and body["results"]["total_samples"] == 3
+        assert len(body["samples"]) == 3 and {s["id"] for s in body["samples"]} == {"t0", "t1", "t2"}
