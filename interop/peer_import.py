@@ -329,6 +329,7 @@ def import_peer(
         writer.close()
     wh.finish_run(run_id, status="finished")
     summary.files = len(runs)
+    summary.head = f"import llm-in-sandbox: {len(runs)} folder(s) in {folder} -> {summary.episodes} episodes of run {run_id}"
     _score(wh, run_id, known or built, summary)
     summary.extra["run_id"] = run_id
     return summary

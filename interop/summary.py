@@ -21,6 +21,7 @@ class Summary:
     skipped: Counter[str] = field(default_factory=Counter)
     not_carried: Counter[str] = field(default_factory=Counter)
     extra: dict[str, Any] = field(default_factory=dict)
+    head: str | None = None  # the line's start, when "N episodes -> N files in OUT" is not it
 
     def lose(self, what: str, n: int = 1) -> None:
         self.not_carried[what] += n
@@ -30,7 +31,7 @@ class Summary:
 
     def line(self) -> str:
         """One line: what was written, what was left out, what could not be carried."""
-        text = f"{self.format}: {self.episodes} episodes -> {self.files} files in {self.out}"
+        text = self.head or f"{self.format}: {self.episodes} episodes -> {self.files} files in {self.out}"
         if self.skipped:
             text += "; skipped: " + ", ".join(f"{n} ({why})" for why, n in sorted(self.skipped.items()))
         if self.not_carried:

@@ -27,7 +27,7 @@ from tests.scripted_model import Reply, ScriptedModel, ToyTokenizer, text_reply,
 
 REPO = Path(__file__).resolve().parents[2]
 HARBOR = "harbor==0.26.0"  # needs Python >= 3.12 and fastapi 0.165: a venv of its own
-HARBOR_VENV = Path(os.environ.get("SANDFLOW_HARBOR_VENV", REPO / "tests" / ".venvs" / "harbor"))
+HARBOR_VENV = Path(os.environ.get("SANDFLOW_HARBOR_VENV") or REPO / "tests" / ".venvs" / "harbor")
 
 
 def tasks(n: int = 3) -> list[Any]:
@@ -117,12 +117,13 @@ def run_data(real_run: RealRun) -> Any:
 
 
 def _python312() -> str:
-    for name in ("python3.13", "python3.12"):
-        found = shutil.which(name)
-        if found:
-            return found
-    for base in sorted(Path.home().glob(".pyenv/versions/3.1[2-9]*/bin/python3"), reverse=True):
-        return str(base)
+    """A Python >= 3.12 that really runs (a pyenv shim of an unselected version does not)."""
+    candidates = [shutil.which(n) for n in ("python3.13", "python3.12")]
+    candidates += [str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.1[2-9]*/bin/python3"), reverse=True)]
+    for py in filter(None, candidates):
+        r = subprocess.run([py, "-c", "import sys, venv; assert sys.version_info >= (3, 12)"], capture_output=True)
+        if r.returncode == 0:
+            return py
     pytest.fail("the ATIF check needs Python >= 3.12 for the harbor package (none found on PATH or in ~/.pyenv)")
 
 
@@ -132,7 +133,10 @@ def harbor_python() -> Iterator[Path]:
     py = HARBOR_VENV / "bin" / "python"
     ok = py.exists() and subprocess.run([str(py), "-c", "import harbor.models.trajectories"], capture_output=True).returncode == 0
     if not ok:
-        shutil.rmtree(HARBOR_VENV, ignore_errors=True)
+        if HARBOR_VENV.exists():  # only ever a venv of ours: never remove anything else
+            if not (HARBOR_VENV / "pyvenv.cfg").is_file():
+                pytest.fail(f"{HARBOR_VENV} exists and is not a venv: set SANDFLOW_HARBOR_VENV to a new folder")
+            shutil.rmtree(HARBOR_VENV)
         subprocess.run([_python312(), "-m", "venv", str(HARBOR_VENV)], check=True)
         r = subprocess.run([str(HARBOR_VENV / "bin" / "pip"), "install", "-q", HARBOR], capture_output=True, text=True, timeout=1200)
         if r.returncode != 0:

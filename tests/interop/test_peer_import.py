@@ -67,7 +67,8 @@ def test_real_peer_output_becomes_a_scored_run(real_run: RealRun, tmp_path: Path
     rid = "peer-import-test"
     res = run_cli("import", "llm-in-sandbox", str(out), "--tasks", str(real_run.task_set), "--run-id", rid, "-w", str(real_run.warehouse))
     assert res.exit_code == 0, res.output
-    assert "import llm-in-sandbox: 6 episodes" in res.output and "token counts (the peer records none)" in res.output
+    assert f"import llm-in-sandbox: 2 folder(s) in {out} -> 6 episodes of run {rid}" in res.output
+    assert "not carried over: system prompt (not in the peer's output) (3 episodes), token counts (the peer records none) (6 episodes)" in res.output
     assert f"run {rid}: 6 scored by sandflow's verifiers (6 agree with the peer's reward, 0 differ)" in res.output
 
     from warehouse import Warehouse
