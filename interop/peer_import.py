@@ -23,7 +23,9 @@ What maps to what (docs/interop.md):
   answered), an error in its log -> `sandbox_error` (Docker/container named) or
   `model_error` (infrastructure, not graded), otherwise `max_steps`;
 - scores: sandflow's verifiers on the answer (the task's own verifier when a sandflow
-  task set is given with `tasks`, else chosen from the peer's task name as domain);
+  task set is given with `tasks`, else chosen from the peer's task name as domain); the
+  run keeps the tasks it was scored against (`Warehouse.keep_tasks`), which is what
+  `sandflow compare` pairs runs by;
   the peer's own reward is kept in the episode's config (`peer.reward`).
 
 Not carried over (the peer does not record them): token counts, timestamps per step
@@ -278,6 +280,8 @@ def import_peer(
         config={"imported_from": "llm-in-sandbox 0.2.0", "folders": [str(r.folder) for r in runs], "peer_config": first.config},
         notes=f"imported from llm-in-sandbox output at {folder}",
     )
+    used = {pid: known.get(pid) or built[pid] for r in runs for pid in r.problems}
+    wh.keep_tasks(run_id, used.values(), name=tasks.name if tasks else first.task)  # what compare pairs by
     writer = wh.writer(durability="flush")  # a bulk import: finish_run ends it
     samples: dict[tuple[str, str], int] = {}
     try:
