@@ -7,6 +7,7 @@ group (the libraries below have no CLI of their own):
     commands/sql.py        sql, warehouse ...          (warehouse/)
     commands/pipeline.py   bench, flows ...            (flows/, analysis/)
     commands/rl.py         rl ...                      (rl/)
+    commands/data.py       data ...                    (datagen/, flows/data.py)
     commands/compare.py    compare                     (analysis/, warehouse/)
     commands/interop.py    export ..., import ...      (interop/)
     viewer/cli.py          view                        (the web viewer, sandflow/viewer/)
@@ -34,9 +35,9 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from sandflow.commands import compare, episode, interop, pipeline, rl, sandbox, sql, tasksets
+    from sandflow.commands import compare, data, episode, interop, pipeline, rl, sandbox, sql, tasksets
 
-    for module in (sandbox, episode, sql, tasksets, pipeline, rl, compare, interop):
+    for module in (sandbox, episode, sql, tasksets, pipeline, rl, data, compare, interop):
         module.register(app)
 
 

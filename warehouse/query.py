@@ -58,6 +58,7 @@ from typing import Any, TypeVar
 import duckdb
 import pyarrow as pa
 
+from warehouse.data_views import DATA_VIEW_HELP, DATA_VIEWS
 from warehouse.digest import DIGESTED_TABLES, plan_partition
 from warehouse.journal import is_live, read_journal
 from warehouse.layout import Layout
@@ -492,6 +493,9 @@ VIEW_HELP: dict[str, str] = {
 # Nightly lineage and statistics views: created after the ones above, which they read.
 READY_VIEWS.update(SERIES_VIEWS)
 VIEW_HELP.update(SERIES_VIEW_HELP)
+# RL data builds (warehouse/data_views.py)
+READY_VIEWS.update(DATA_VIEWS)
+VIEW_HELP.update(DATA_VIEW_HELP)
 
 
 @dataclass

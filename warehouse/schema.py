@@ -38,7 +38,7 @@ import re
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
-TABLES = ("runs", "episodes", "turns", "scores", "usage")
+TABLES = ("runs", "episodes", "turns", "scores", "usage", "data_items")
 META_TABLE = b"sandflow.table"
 META_VERSION = b"sandflow.schema_version"
 META_COLUMNS = b"sandflow.columns"  # comma-separated column names: files group without a scan
@@ -219,12 +219,47 @@ USAGE = pa.schema(
     ]
 )
 
+# RL data builds (datagen/, docs/data.md): one row per item a stage saw (a document, a
+# question slot, a candidate task), kept or dropped with its reason, and the provenance the
+# item carries by then. `run_id` is the build's id. One batch file per stage execution; the
+# views read the newest batch of each (build, stage): data_funnel, data_dropped, task_provenance.
+DATA_ITEMS = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),  # the build id
+        pa.field("stage", pa.string(), nullable=False),  # ingest | synth | clean | calibrate | export
+        pa.field("stage_order", pa.int32(), nullable=False),
+        pa.field("stage_key", pa.string()),  # hash of the stage's inputs and parameters
+        pa.field("item_id", pa.string(), nullable=False),  # document source, slot id, task id
+        pa.field("kept", pa.bool_(), nullable=False),
+        pa.field("reason", pa.string()),  # why it was dropped (NULL when kept)
+        pa.field("detail", pa.string()),
+        pa.field("task_id", pa.string()),
+        pa.field("doc_id", pa.string()),
+        pa.field("piece_id", pa.string()),
+        pa.field("source", pa.string()),
+        pa.field("span_start", pa.int64()),
+        pa.field("span_end", pa.int64()),
+        pa.field("qa_type", pa.string()),
+        pa.field("generator_model", pa.string()),
+        pa.field("prompt_version", pa.string()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("calibration_run", pa.string()),
+        pa.field("samples", pa.int32()),
+        pa.field("passes", pa.int32()),
+        pa.field("pass_rate", pa.float64()),
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("recorded_at", _TS),
+    ]
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     "runs": RUNS,
     "episodes": EPISODES,
     "turns": TURNS,
     "scores": SCORES,
     "usage": USAGE,
+    "data_items": DATA_ITEMS,
 }
 
 # Columns a file must have to belong to a table (the rest may be missing in old files).
@@ -234,6 +269,7 @@ KEY_COLUMNS: dict[str, tuple[str, ...]] = {
     "turns": ("run_id", "episode_id", "write_id", "turn_index"),
     "scores": ("run_id", "episode_id", "verifier", "batch_id"),
     "usage": ("run_id", "episode_id", "turn_index", "capability", "labeler", "batch_id"),
+    "data_items": ("run_id", "stage", "item_id", "kept", "batch_id"),
 }
 
 

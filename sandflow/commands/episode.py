@@ -293,6 +293,7 @@ def register(app: typer.Typer) -> None:
                 context_tokens=context_tokens, wall_clock_s=wall_clock, exec_timeout_s=exec_timeout,
                 prompt_dir=str(prompt_dir) if prompt_dir else None, backend=settings.backend,
                 image=settings.image, network=settings.network,
+                sandbox_runtime=settings.sandbox_runtime,
                 warehouse=str(warehouse) if warehouse else None,
             )
             model_cfg, limits, sandbox_cfg = spec.to_model_config(), spec.to_limits(), spec.to_sandbox_config()

@@ -75,6 +75,7 @@ def _run_spec(s: Any, **flags: Any) -> Any:
         "image": s.image,
         "network": s.network,
         "sandbox_reuse": s.sandbox_reuse or "fresh",
+        "sandbox_runtime": s.sandbox_runtime,
         "durability": s.durability,
     }
     return RunSpec(**{**settled, **flags})
