@@ -35,7 +35,17 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from sandflow.commands import compare, data, episode, interop, pipeline, rl, sandbox, sql, tasksets
+    from sandflow.commands import (
+        compare,
+        data,
+        episode,
+        interop,
+        pipeline,
+        rl,
+        sandbox,
+        sql,
+        tasksets,
+    )
 
     for module in (sandbox, episode, sql, tasksets, pipeline, rl, data, compare, interop):
         module.register(app)
