@@ -17,15 +17,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.rollouts import episode_messages, sandbox_prompt, write_rows
+from analysis.rollouts import episode_messages, sandbox_prompt
 from datasets_prep.rows import row_schema, task_rows
 from datasets_prep.task import Task
 from tasks.tools import TOOL_SCHEMAS
+from warehouse.exports import write_export
 from warehouse.rundata import RunData
 
 
 def write_train(tasks: Sequence[Task], path: Path, source: str) -> Path:
-    return write_rows(task_rows(tasks, sandbox_prompt, source=source), row_schema(), path)
+    return write_export(task_rows(tasks, sandbox_prompt, source=source), row_schema(), path)
 
 
 def _arguments(text: str | None) -> Any:

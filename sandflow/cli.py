@@ -77,6 +77,9 @@ _register()
 
 
 def main() -> None:
+    from sandflow.console import plain_usage_errors
+
+    plain_usage_errors()  # off a terminal: typer's own errors on one line, never wrapped
     app()
 
 

@@ -26,6 +26,7 @@ from sandflow.commands.durability_option import (
     durability_value,
 )
 from sandflow.commands.network_option import network_option
+from sandflow.console import short
 from sandflow.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REGRESSION, console, fail
 
 flows_app = typer.Typer(
@@ -513,7 +514,8 @@ def cmd_prepare(
     r = _guard(
         prepare_flow, source=source, warehouse=str(s.warehouse), out=out, limit=limit, seed=seed, mapping=mapping
     )
-    _console().print(f"[green]{r['tasks']} tasks[/] -> {r['task_set']} (hash {r['hash'][:12]})")
+    c = _console()
+    c.print(f"[green]{r['tasks']} tasks[/] -> {r['task_set']} (hash {short(c, r['hash'], 12)})")
 
 
 @flows_app.command("run")

@@ -190,9 +190,9 @@ class RichEpisodeProgress:
     (`LineEpisodeProgress`) written through the same console (use as a context manager)."""
 
     def __init__(self, description: str = "episodes", console: Any = None) -> None:
-        from rich.console import Console
+        from sandflow.console import console as stdout_console
 
-        self._console = console or Console()
+        self._console = console or stdout_console()
         self._lines: LineEpisodeProgress | None = None
         if not self._console.is_terminal:
             self._lines = LineEpisodeProgress(description, write=self._print_line)
