@@ -36,7 +36,7 @@ from interop.common import identity, iso, outcome, sandflow_version, verdict
 from interop.names import inside, prepare_out, write_text
 from interop.source import Episode, RunSource, batch_size
 from interop.summary import Summary
-from warehouse.schema import OBSERVATION
+from warehouse.fields import OBSERVATION
 
 RL_TABLES = ("trajectories", "taskset", "tokens")  # the default config first
 NO_PROMPT_IDS = "per-turn prompt token ids (the token-level rollouts rebuild them)"
