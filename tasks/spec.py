@@ -56,6 +56,8 @@ class RunSpec(BaseModel):
     wall_clock_s: float = 900.0
     exec_timeout_s: float | None = None
     context_tokens: int | None = None
+    max_tool_calls_per_turn: int | None = Field(None, description="None: the loop's default (Limits)")
+    max_observation_bytes_per_turn: int | None = Field(None, description="None: the loop's default (Limits)")
     prompt_dir: str | None = None
     # the sandbox
     backend: str = "docker"
@@ -108,11 +110,17 @@ class RunSpec(BaseModel):
         )
 
     def to_limits(self) -> Limits:
+        per_turn = {
+            name: value
+            for name in ("max_tool_calls_per_turn", "max_observation_bytes_per_turn")
+            if (value := getattr(self, name)) is not None
+        }
         return Limits(
             max_steps=self.max_steps,
             wall_clock_s=self.wall_clock_s,
             exec_timeout_s=self.exec_timeout_s,
             context_tokens=self.context_tokens,
+            **per_turn,
         )
 
     def to_sandbox_config(self, run_id: str | None = None) -> SandboxConfig:
