@@ -59,6 +59,27 @@ def _root(
     ),
 ) -> None:
     """LLM-in-Sandbox as a data pipeline."""
+    _hand_settings_down()
+
+
+def _hand_settings_down() -> None:
+    """This machine's settings (SANDFLOW_*, sandflow.toml) to the libraries, before any
+    command runs (sandflow/host.py); a bad one stops here, named, with exit code 2."""
+    from pydantic import ValidationError
+
+    from sandflow.errors import fail
+    from sandflow.host import apply_host_settings
+
+    try:
+        apply_host_settings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = ".".join(map(str, err["loc"]))
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise fail(
+            f"invalid setting {name} (SANDFLOW_{name.upper()} or sandflow.toml): "
+            f"{err.get('input')!r} is not valid: {msg}"
+        ) from None
 
 
 _register()

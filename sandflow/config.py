@@ -16,13 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
 
+from sandflow.host import HostSettings
 from tasks.model import API_KEY_ENV
 from warehouse import DEFAULT_ROOT
 
@@ -32,8 +27,8 @@ if TYPE_CHECKING:
 SECRET_FIELDS = frozenset({"api_key", "judge_api_key"})
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SANDFLOW_", extra="ignore")
+class Settings(HostSettings):
+    """The run's settings (endpoint, sandbox, warehouse, judge) and this machine's (HostSettings)."""
 
     # Model endpoint (any OpenAI-compatible server). Empty base_url: the embedded model.
     base_url: str | None = None
@@ -64,21 +59,6 @@ class Settings(BaseSettings):
     judge_base_url: str | None = None
     judge_model: str | None = None
     judge_api_key: SecretStr | None = Field(None, exclude=True)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        path = Path(os.environ.get("SANDFLOW_CONFIG", "sandflow.toml"))
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if path.is_file():
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
-        return tuple(sources)
 
     @field_validator("network")
     @classmethod

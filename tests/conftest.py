@@ -50,6 +50,17 @@ def prefect_harness() -> Iterator[None]:
 
 
 @pytest.fixture
+def host_settings() -> Iterator[object]:
+    """`host_settings(netns_reuse=False, ...)`: the sandbox library's host settings for one
+    test, handed in as the application does (sandbox.settings.configure); put back after."""
+    from sandbox import settings
+
+    previous = settings.current()
+    yield settings.configure
+    settings.configure(previous)
+
+
+@pytest.fixture
 def scripted_model() -> Iterator[object]:
     """A started ScriptedModel (tests/scripted_model.py): push replies/faults, read .requests."""
     from tests.scripted_model import ScriptedModel
