@@ -42,7 +42,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import flows  # noqa: E402,F401  (Prefect settings before prefect is imported)
+from flows import prefect_env  # noqa: E402
+
+prefect_env.apply()  # Prefect settings before prefect is imported (as the CLI does)
 from tests.flows.conftest import solver, tiny_tasks, write_tasks  # noqa: E402
 from tests.scripted_model import ScriptedModel  # noqa: E402
 

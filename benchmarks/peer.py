@@ -355,7 +355,9 @@ def main() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     import docker
 
-    import flows  # noqa: F401  (applies the Prefect settings before prefect is imported)
+    from flows import prefect_env
+
+    prefect_env.apply()  # the Prefect settings before prefect is imported (as the CLI does)
     from sandbox.image import DEFAULT_SPEC
 
     client = docker.from_env()

@@ -115,6 +115,10 @@ def run_one(spec: EpisodeSpec, run: RunSpec) -> EpisodeOutcome:
     t0 = time.perf_counter()
     if run.warehouse is None:
         raise ValueError("RunSpec.warehouse is required to run an episode of a run")
+    if run.sandbox_host:  # the application's settings, also in a Dask worker's process
+        from sandbox import settings
+
+        settings.configure(settings.HostSettings(), **run.sandbox_host)
     model_cfg = run.to_model_config()
     client = shared_client(model_cfg, run.max_model_calls)
     recorder = _writer(run.warehouse, run.durability)

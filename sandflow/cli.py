@@ -64,11 +64,16 @@ def _root(
 
 def _hand_settings_down() -> None:
     """This machine's settings (SANDFLOW_*, sandflow.toml) to the libraries, before any
-    command runs (sandflow/host.py); a bad one stops here, named, with exit code 2."""
+    command runs (sandflow/host.py); a bad one stops here, named, with exit code 2. The
+    Prefect defaults go into the environment here too, before anything imports prefect
+    (the processes the CLI starts inherit them; no library import sets them)."""
     from pydantic import ValidationError
 
+    from flows import prefect_env
     from sandflow.errors import fail
     from sandflow.host import apply_host_settings
+
+    prefect_env.apply()
 
     try:
         apply_host_settings()

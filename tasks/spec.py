@@ -64,6 +64,12 @@ class RunSpec(BaseModel):
     image: str | None = None
     network: str = "none"
     sandbox_reuse: str = Field("fresh", description="fresh sandbox per episode, or 'pool' (reset and reused)")
+    sandbox_host: dict[str, Any] = Field(
+        default_factory=dict,
+        description="this machine's sandbox settings that differ from the defaults "
+        "(sandbox.settings.HostSettings: engine call bound, netns reuse, ...), handed by the "
+        "application to every process that runs episodes (Dask workers included)",
+    )
     # the run: where it is recorded, how wide it fans out, how it recovers
     warehouse: str | None = Field(None, description="None: episodes are not recorded there")
     concurrency: int = 4

@@ -24,6 +24,11 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The Prefect defaults the CLI sets first thing (flows/prefect_env.py): importing `flows`
+# no longer sets them, so the suite does it before anything imports prefect.
+from flows import prefect_env  # noqa: E402
+
+prefect_env.apply()
 # Tests never use a developer's personal config file or keys.
 os.environ["SANDFLOW_CONFIG"] = os.path.join(_PREFECT_HOME, "no-such-sandflow.toml")
 for _k in ("SANDFLOW_API_KEY", "OPENAI_API_KEY", "SANDFLOW_BASE_URL", "SANDFLOW_MODEL"):
