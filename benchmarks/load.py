@@ -221,6 +221,9 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, warehouses)")
     ap.add_argument("--pass-timeout", type=float, default=900, help="kill a pass after this many seconds")
     a = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
     if a.episodes < 1 or a.concurrency < 1:
         ap.error("--episodes and --concurrency must be at least 1")
     stamp = f"{os.getpid()}-{int(time.time())}"

@@ -201,6 +201,9 @@ def main() -> None:
     ap.add_argument("--barrier-s", type=float, default=240.0, help="wait for all C episodes this long")
     ap.add_argument("--memory-mb", type=int, default=256, help="per sandbox (the bound, not a reservation)")
     args = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
     sandbox = SandboxConfig(
         backend=args.backend,
         run_id="bench-rl",

@@ -217,6 +217,9 @@ def main() -> None:
     ap.add_argument("--acquire-n", type=int, default=50, help="warm-pool acquisitions")
     ap.add_argument("--no-bwrap", action="store_true", help="skip the bubblewrap figures")
     args = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
 
     from rich.console import Console
     from rich.table import Table
