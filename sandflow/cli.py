@@ -16,7 +16,12 @@ command bodies, so `sandflow --help` stays fast. Errors: sandflow/errors.py.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NoReturn
+
 import typer
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 app = typer.Typer(
     name="sandflow",
@@ -70,21 +75,28 @@ def _hand_settings_down() -> None:
     from pydantic import ValidationError
 
     from flows import prefect_env
-    from sandflow.errors import fail
     from sandflow.host import apply_host_settings
 
     prefect_env.apply()
-
     try:
         apply_host_settings()
     except ValidationError as exc:
-        err = exc.errors()[0]
-        name = ".".join(map(str, err["loc"]))
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        raise fail(
-            f"invalid setting {name} (SANDFLOW_{name.upper()} or sandflow.toml): "
-            f"{err.get('input')!r} is not valid: {msg}"
-        ) from None
+        _bad_setting(exc)
+    except (ValueError, OSError):
+        pass  # an unreadable config file: the command that needs it says so (`sql` does not)
+
+
+def _bad_setting(exc: ValidationError) -> NoReturn:
+    """One sentence naming the setting, its value and what is wrong; exit code 2."""
+    from sandflow.errors import fail
+
+    err = exc.errors()[0]
+    name = ".".join(map(str, err["loc"]))
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    raise fail(
+        f"invalid setting {name} (SANDFLOW_{name.upper()} or sandflow.toml): "
+        f"{err.get('input')!r} is not valid: {msg}"
+    ) from None
 
 
 _register()
