@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sandbox import settings as host_settings
 from sandbox.base import SandboxConfig, SandboxLimits
 from sandbox.netpolicy import PolicyError, parse_network
 from tasks.loop import Limits
@@ -65,10 +66,11 @@ class RunSpec(BaseModel):
     network: str = "none"
     sandbox_reuse: str = Field("fresh", description="fresh sandbox per episode, or 'pool' (reset and reused)")
     sandbox_host: dict[str, Any] = Field(
-        default_factory=dict,
-        description="this machine's sandbox settings that differ from the defaults "
-        "(sandbox.settings.HostSettings: engine call bound, netns reuse, ...), handed by the "
-        "application to every process that runs episodes (Dask workers included)",
+        default_factory=lambda: host_settings.current().changed(),
+        description="the sandbox settings that differ from the defaults in the process that "
+        "built the spec (sandbox.settings.HostSettings, handed in by the application: engine "
+        "call bound, netns reuse, ...), carried to every process that runs its episodes "
+        "(Dask workers included)",
     )
     # the run: where it is recorded, how wide it fans out, how it recovers
     warehouse: str | None = Field(None, description="None: episodes are not recorded there")

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -255,3 +256,48 @@ def test_importing_every_library_module_leaves_the_environment_unchanged() -> No
     assert result["imported"] > 100, result
     assert result["changed"] == {}, result["changed"]
     assert result["failed"] == {}, result["failed"]
+
+
+def test_a_run_carries_the_sandbox_settings_to_the_processes_that_run_its_episodes(
+    host_settings: Any, tmp_path: Path
+) -> None:
+    """A Dask worker never runs the CLI: the RunSpec (a Prefect parameter, JSON) carries the
+    sandbox settings the application handed in, and each episode applies them."""
+    from flows.episode import use_host_settings
+    from sandbox import settings
+    from tasks.spec import RunSpec
+
+    host_settings(engine_call_timeout_s=7, netns_reuse=False, cache_dir=tmp_path)
+    spec = RunSpec(task_set="smoke")
+    carried = RunSpec.model_validate_json(spec.model_dump_json())  # as Prefect/Dask move it
+    assert carried.sandbox_host == {"engine_call_timeout_s": 7, "netns_reuse": False, "cache_dir": str(tmp_path)}
+    settings.configure(settings.HostSettings())  # a fresh worker process: the defaults
+    use_host_settings(carried)
+    now = settings.current()
+    assert (now.engine_call_timeout_s, now.netns_reuse, now.cache_dir) == (7, False, tmp_path)
+
+
+def test_the_cli_hands_the_environment_to_the_libraries(tmp_path: Path) -> None:
+    """SANDFLOW_* and the config file reach the libraries through the application."""
+    (tmp_path / "sandflow.toml").write_text('egress_cache_mb = 10\nmax_text_bytes = 1000\n')
+    code = (
+        "import os, sys; sys.argv = ['sandflow', 'tasks', 'suites']\n"
+        "from sandflow.cli import app\n"
+        "try:\n    app()\nexcept SystemExit:\n    pass\n"
+        "from sandbox import settings; from datasets_prep import limits, settings as data\n"
+        "s = settings.current()\n"
+        "print('RESULT', s.engine_call_timeout_s, s.netns_reuse, s.egress_cache_mb, s.cache_dir,"
+        " limits.LIMITS.max_text_bytes, data.current().python_docs)\n"
+    )
+    env = {
+        **__import__("os").environ,
+        "SANDFLOW_CONFIG": str(tmp_path / "sandflow.toml"),
+        "SANDFLOW_ENGINE_CALL_TIMEOUT_S": "90",
+        "SANDFLOW_NETNS_REUSE": "0",
+        "SANDFLOW_CACHE_DIR": str(tmp_path / "cache"),
+        "SANDFLOW_PYTHON_DOCS": str(tmp_path / "docs"),
+        "PYTHONPATH": str(REPO),
+    }
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line == f"RESULT 90.0 False 10 {tmp_path / 'cache'} 1000 {tmp_path / 'docs'}", proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -76,7 +76,6 @@ def _run_spec(s: Any, **flags: Any) -> Any:
         "network": s.network,
         "sandbox_reuse": s.sandbox_reuse or "fresh",
         "durability": s.durability,
-        "sandbox_host": s.sandbox_host(),
     }
     return RunSpec(**{**settled, **flags})
 
