@@ -149,7 +149,7 @@ def test_prefect_yaml_deploys_against_a_real_server(prefect_server: dict[str, st
     assert set(deps) == {"nightly", "rl-data"}
     nightly = deps["nightly"]
     assert nightly["work_pool_name"] == "sandflow-process"
-    assert nightly["entrypoint"] == "flows/nightly.py:nightly_flow"
+    assert nightly["entrypoint"] == "sandflow/deployments.py:nightly_flow"  # settings handed down first
     assert nightly["parameters"]["source"] == "smoke" and nightly["parameters"]["mode"] == "both"
     crons = [s["schedule"]["cron"] for s in nightly["schedules"]]
     assert crons == ["0 2 * * *"]
