@@ -13,6 +13,7 @@ container is removed instead of leaking.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -80,6 +81,15 @@ class _Gate:
 
 
 _GATE = _Gate()
+
+
+def _forget_in_child() -> None:
+    """A forked child has none of its parent's calls in flight (their threads stayed behind)."""
+    global _GATE
+    _GATE = _Gate()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def bounded(
