@@ -1,7 +1,9 @@
 """Settings from flags, environment (SANDFLOW_*) and a config file (sandflow.toml).
 
-The application's settings are resolved HERE and only here, then handed to the libraries
-as values (a RunSpec, a warehouse root, a JudgeEndpoint): no library reads them.
+The application's settings are resolved HERE (a run's) and in sandflow/host.py (this
+machine's, which `Settings` includes), then handed to the libraries as values (a RunSpec,
+a warehouse root, a JudgeEndpoint, sandbox.settings.configure): no library reads them
+(tests/test_settings_boundary.py).
 
 Precedence, highest first: explicit flags (passed as init kwargs), environment,
 the config file named by SANDFLOW_CONFIG (default ./sandflow.toml), defaults.
