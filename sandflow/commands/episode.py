@@ -67,15 +67,23 @@ def _preflight(cfg: Any, model_given: bool) -> Any:
         raise _fail(str(exc)) from None
 
 
-def _with_warehouse(journal: Any, root: Path | None, run_id: str, cfg: Any) -> tuple[Any, Any]:
-    """The recorder for `sandflow run`: the journal, plus the warehouse when asked."""
+def _with_warehouse(
+    journal: Any, root: Path | None, run_id: str, cfg: Any, task: Any
+) -> tuple[Any, Any]:
+    """The recorder for `sandflow run`: the journal, plus the warehouse when asked. The run
+    names the hash of the one task it ran, so `sandflow compare` never pairs it with a run
+    of other tasks (an ad-hoc query has no ground truth: there is no task file to keep)."""
     if root is None:
         return journal, lambda record: None
+    from datasets_prep.task import TaskSet
     from tasks.journal import TeeRecorder
     from warehouse import Warehouse
 
     wh = Warehouse(root)
-    wh.write_run(run_id, model=cfg.model, dataset="adhoc", config={"model": cfg.public_dict()})
+    wh.write_run(
+        run_id, model=cfg.model, dataset="adhoc", dataset_hash=TaskSet.model_construct(tasks=[task]).content_hash,
+        config={"model": cfg.public_dict()},
+    )
     writer = wh.writer()
 
     def finish(record: Any) -> None:
@@ -313,7 +321,7 @@ def register(app: typer.Typer) -> None:
                 cfg = _preflight(cfg, model_given=bool(settings.model))
                 run_dir.mkdir(parents=True, exist_ok=True)
                 with JournalRecorder(run_dir / "records.jsonl") as journal:
-                    recorder, finish_wh = _with_warehouse(journal, warehouse, f"run-{stamp}", cfg)
+                    recorder, finish_wh = _with_warehouse(journal, warehouse, f"run-{stamp}", cfg, task)
                     if not quiet:
                         view.console.print(f"[bold]sandflow run[/] model [cyan]{cfg.model}[/] at {cfg.base_url}, mode {mode.value}, folder {run_dir}")
                     result = run_episode(
