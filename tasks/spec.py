@@ -65,6 +65,7 @@ class RunSpec(BaseModel):
     image: str | None = None
     network: str = "none"
     sandbox_reuse: str = Field("fresh", description="fresh sandbox per episode, or 'pool' (reset and reused)")
+    sandbox_runtime: str | None = Field(None, description="docker: the engine's OCI runtime ('runsc': gVisor); None: runc")
     sandbox_host: dict[str, Any] = Field(
         default_factory=lambda: host_settings.current().changed(),
         description="the sandbox settings that differ from the defaults in the process that "
@@ -138,6 +139,7 @@ class RunSpec(BaseModel):
             run_id=run_id or self.run_id or "adhoc",
             limits=SandboxLimits(network=self.network),
             reuse=self.sandbox_reuse,  # pydantic checks "pool" / "fresh"
+            runtime=self.sandbox_runtime,
         )
 
     def public_dict(self) -> dict[str, Any]:

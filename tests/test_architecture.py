@@ -27,3 +27,13 @@ def test_import_contracts_hold() -> None:
     r = subprocess.run([str(lint)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "0 broken" in r.stdout
+
+
+def test_datagen_and_rl_are_siblings_between_flows_and_analysis() -> None:
+    """RL data from raw text (datagen/) needs the model client and runs, like rl/; neither
+    imports the other, both sit above analysis/ and below flows/ (issue #24)."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c["layers"] for c in config["contracts"] if c["type"] == "layers")
+    assert layers.index("rl | datagen") == layers.index("flows") + 1 == layers.index("analysis") - 1
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert "datagen*" in packages["include"]
