@@ -147,7 +147,7 @@ def test_prefect_yaml_deploys_against_a_real_server(prefect_server: dict[str, st
         assert r.returncode == 0, r.stdout + r.stderr
     deps = {d["name"]: d for d in _api(env, "/deployments/filter", {})}
     assert set(deps) == {"nightly", "rl-data", "data-build"}
-    assert deps["data-build"]["entrypoint"] == "flows/data.py:data_build_job"
+    assert deps["data-build"]["entrypoint"] == "sandflow/deployments.py:data_build_job"
     assert deps["data-build"]["parameters"]["decontaminate"] == ["smoke"]
     nightly = deps["nightly"]
     assert nightly["work_pool_name"] == "sandflow-process"
