@@ -162,6 +162,9 @@ def main() -> None:
     ap.add_argument("--sandboxes", type=int, default=20)
     ap.add_argument("--concurrency", type=int, default=4)
     args = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
     why = egress.unavailable()
     if why:
         sys.exit(f"egress benchmark: {why}")

@@ -82,6 +82,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--starts", type=int, default=8)
     args = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
     why = bwrap_egress.unavailable()
     if why:
         sys.exit(f"egress_bwrap benchmark: {why}")

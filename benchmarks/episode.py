@@ -138,6 +138,9 @@ def main() -> None:
     ap.add_argument("--durability", default="turn", choices=["turn", "flush"],
                     help="the recorder's: 'turn' syncs every turn to disk (the pipeline's default)")
     args = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
 
     from sandbox import open_sandbox
 

@@ -42,7 +42,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import flows  # noqa: E402,F401  (Prefect settings before prefect is imported)
+from flows import prefect_env  # noqa: E402
+
+prefect_env.apply()  # Prefect settings before prefect is imported (as the CLI does)
 from tests.flows.conftest import solver, tiny_tasks, write_tasks  # noqa: E402
 from tests.scripted_model import ScriptedModel  # noqa: E402
 
@@ -219,6 +221,9 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, warehouses)")
     ap.add_argument("--pass-timeout", type=float, default=900, help="kill a pass after this many seconds")
     a = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
     if a.episodes < 1 or a.concurrency < 1:
         ap.error("--episodes and --concurrency must be at least 1")
     stamp = f"{os.getpid()}-{int(time.time())}"

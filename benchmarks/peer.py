@@ -346,6 +346,9 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--serve-model", type=int, metavar="TURNS", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
     if args.serve_model is not None:
@@ -355,7 +358,9 @@ def main() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     import docker
 
-    import flows  # noqa: F401  (applies the Prefect settings before prefect is imported)
+    from flows import prefect_env
+
+    prefect_env.apply()  # the Prefect settings before prefect is imported (as the CLI does)
     from sandbox.image import DEFAULT_SPEC
 
     client = docker.from_env()

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -174,8 +175,22 @@ def one_level(c: int, sandbox: SandboxConfig, barrier_s: float) -> dict[str, Any
         "all_rewarded": all(r == 1.0 for r in rewards) and len(rewards) == c,
         "all_active_after_s": round(released[0] - t0, 2) if released else None,
         "wall_s": round(time.monotonic() - t0, 2),
-        "errors": sorted({str(t.get("error"))[:160] for t in result.trajectories if t.get("error")})[:3],
+        "errors": _errors(result.trajectories),
     }
+
+
+def _errors(trajectories: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every episode that did not end rewarded, grouped by status, termination and error
+    text (whole, so a rare failure can be told apart in the JSON line), most frequent first."""
+    counts = Counter(
+        (t.get("status"), t.get("termination"), t.get("error") or "")
+        for t in trajectories
+        if t.get("status") != "ok" or t.get("reward") != 1.0 or t.get("error")
+    )
+    return [
+        {"status": s, "termination": term, "error": err, "count": n}
+        for (s, term, err), n in counts.most_common()
+    ]
 
 
 def main() -> None:
@@ -186,6 +201,9 @@ def main() -> None:
     ap.add_argument("--barrier-s", type=float, default=240.0, help="wait for all C episodes this long")
     ap.add_argument("--memory-mb", type=int, default=256, help="per sandbox (the bound, not a reservation)")
     args = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
     sandbox = SandboxConfig(
         backend=args.backend,
         run_id="bench-rl",
@@ -208,8 +226,10 @@ def main() -> None:
         print(
             f"rollout server, {c:4d} episodes at once: {'held' if ok else 'FAILED'} "
             f"(peak {r['peak_concurrent']}, failed {r['failed']}, all active after "
-            f"{r['all_active_after_s']} s, batch {r['wall_s']} s){' ' + str(r['errors']) if r['errors'] else ''}"
+            f"{r['all_active_after_s']} s, batch {r['wall_s']} s)"
         )
+        for e in r["errors"]:
+            print(f"  {e['count']} x {e['status']} {e['termination']}: {e['error']}")
         if not ok:
             break
         held = c

@@ -237,6 +237,9 @@ def main() -> None:
     ap.add_argument("--no-bwrap", action="store_true", help="skip the bubblewrap figures")
     ap.add_argument("--no-gvisor", action="store_true", help="skip the gVisor (runsc) figures")
     args = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
 
     from rich.console import Console
     from rich.table import Table

@@ -280,6 +280,9 @@ def main() -> None:
     ap.add_argument("--min-available-gb", type=float, default=4.0)
     ap.add_argument("--exec-n", type=int, default=300)
     args = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
     raise_fd_limit()
     registry.install_signal_handlers()  # Ctrl+C / SIGTERM: every sandbox removed first
     backends = ["docker", "bwrap"] if args.backend == "both" else [args.backend]

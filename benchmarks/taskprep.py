@@ -139,6 +139,9 @@ def main() -> None:
     ap.add_argument("--context-chars", type=int, default=20_000)
     ap.add_argument("--answers", type=int, default=200)
     args = ap.parse_args()
+    from sandflow.host import apply_host_settings
+
+    apply_host_settings()  # SANDFLOW_* settings, handed to the libraries as the CLI does
     out: dict = {"benchmark": "taskprep"}
     with tempfile.TemporaryDirectory() as d:
         rows = _corpus(args.rows, args.context_chars)

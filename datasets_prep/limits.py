@@ -5,14 +5,14 @@ is read, copied or sent to a sandbox. The defaults are generous for real long-co
 work (a whole play is ~150 KB; a 1M-token prompt is ~4 MB of text) and small enough
 that a runaway document or a pasted dump is caught early.
 
-Each limit has an environment variable (read once, at import). Code reads the limits
-through the module attribute `LIMITS` at call time, so a test or an embedding
-application can swap in its own `DataLimits` (`limits.LIMITS = DataLimits(...)`).
+Each limit is a setting of the application (SANDFLOW_MAX_FILE_BYTES, ..., or the config
+file: sandflow/config.py), which hands them in with `configure(DataLimits(...))`; nothing
+here reads the environment. Code reads the limits through the module attribute `LIMITS`
+at call time, so a test or an embedding application can swap in its own.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 
 MiB = 1024 * 1024
@@ -33,27 +33,22 @@ class DataLimits:
     max_table_bytes: int = 1024 * MiB
     """A table file read by the loaders (checked with stat before reading)."""
 
-    @classmethod
-    def from_env(cls) -> DataLimits:
-        """Defaults overridden by SANDFLOW_MAX_FILE_BYTES, SANDFLOW_MAX_TEXT_BYTES, ..."""
-        values: dict[str, int] = {}
-        for f in fields(cls):
-            raw = os.environ.get(env_name(f.name))
-            if raw is None or not raw.strip():
-                continue
-            try:
-                values[f.name] = int(raw)
-            except ValueError:
-                raise ValueError(
-                    f"{env_name(f.name)}={raw!r} is not a whole number of bytes (or files)"
-                ) from None
-            if values[f.name] < 1:
-                raise ValueError(f"{env_name(f.name)}={raw!r} must be at least 1")
-        return cls(**values)
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) < 1:
+                raise ValueError(f"{f.name} ({env_name(f.name)}) must be at least 1")
+
+
+def configure(limits: DataLimits) -> DataLimits:
+    """Use `limits` from now on (the application's settings); returns the previous ones."""
+    global LIMITS
+    previous, LIMITS = LIMITS, limits
+    return previous
 
 
 def env_name(field: str) -> str:
-    """`max_text_bytes` -> `SANDFLOW_MAX_TEXT_BYTES` (named in every limit error)."""
+    """`max_text_bytes` -> `SANDFLOW_MAX_TEXT_BYTES`: the setting named in every limit error
+    (the application resolves it; this module never reads it)."""
     return f"SANDFLOW_{field.upper()}"
 
 
@@ -74,4 +69,4 @@ def over_limit(what: str, size: int, field: str, per: str) -> str:
     )
 
 
-LIMITS = DataLimits.from_env()
+LIMITS = DataLimits()

@@ -50,27 +50,25 @@ def hub_reachable(timeout: float = 1.5) -> bool:
 
 
 def configure_hf_offline() -> bool:
-    """Set HF offline flags unless the user chose; return True when offline.
+    """Put `datasets`/`huggingface_hub` offline unless the user chose (HF_HUB_OFFLINE, their
+    own convention); return True when offline.
 
-    Must run before `datasets`/`huggingface_hub` are imported: they read the flags
-    at import time."""
+    They read their flags from the environment when imported; the process environment is
+    left alone here (no library changes it), so their module flags are set instead."""
     if "HF_HUB_OFFLINE" in os.environ:
         offline = os.environ["HF_HUB_OFFLINE"].strip().lower() in ("1", "true", "yes", "on")
-        if offline:
-            os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-            _patch_imported_constants()
-        return offline
-    offline = not hub_reachable()
+    else:
+        offline = not hub_reachable()
     if offline:
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        os.environ["HF_DATASETS_OFFLINE"] = "1"
+        import datasets  # noqa: F401  (reads its flags now; they are overridden just below)
+
         _patch_imported_constants()
     return offline
 
 
 def _patch_imported_constants() -> None:
-    """If `datasets` was imported already (if-verifiable imports it), its flags were read
-    then: set them on the modules too, or the hub would still be retried."""
+    """The offline flags on the imported modules, where `datasets` and `huggingface_hub`
+    look them up on every call."""
     for module, attr in (
         ("huggingface_hub.constants", "HF_HUB_OFFLINE"),
         ("datasets.config", "HF_HUB_OFFLINE"),

@@ -22,10 +22,10 @@ _LOCK = threading.Lock()
 
 
 def nltk_data_dir() -> Path:
-    return Path(
-        os.environ.get("SANDFLOW_NLTK_DATA")
-        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sandflow" / "nltk_data"
-    )
+    """The nltk_data setting (SANDFLOW_NLTK_DATA), else ~/.cache/sandflow/nltk_data."""
+    from datasets_prep import settings
+
+    return settings.current().nltk_data_dir()
 
 
 def _training_text(max_chars: int = 2_000_000) -> str:
@@ -94,4 +94,9 @@ def disable_downloads() -> None:
 
 
 if __name__ == "__main__":
+    # An entry point of its own (scripts/setup.sh): like the application, it reads its
+    # setting and hands it to the library.
+    from datasets_prep import settings
+
+    settings.configure(nltk_data=os.environ.get("SANDFLOW_NLTK_DATA") or None)
     print(ensure_punkt_tab())

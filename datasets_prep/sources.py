@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import configparser
 import json
-import os
 from functools import lru_cache
 from importlib import metadata, util
 from pathlib import Path
 from typing import Any
-
-PYTHON_DOCS_DIR = Path(os.environ.get("SANDFLOW_PYTHON_DOCS", "/usr/share/doc/python3.11/html/_sources"))
 
 
 class SourceMissing(RuntimeError):
@@ -89,18 +86,25 @@ def shakespeare_texts() -> tuple[tuple[str, str], ...]:
 
 
 # ------------------------------------------------------------------ Python docs
+def python_docs_dir() -> Path:
+    """The python_docs setting (SANDFLOW_PYTHON_DOCS): Debian's python3.11-doc by default."""
+    from datasets_prep import settings
+
+    return settings.current().python_docs
+
+
 def python_docs_available() -> bool:
-    return (PYTHON_DOCS_DIR / "library").is_dir()
+    return (python_docs_dir() / "library").is_dir()
 
 
 @lru_cache(maxsize=1)
 def python_library_docs() -> tuple[tuple[str, str], ...]:
     """(relative file name, reST text) of the Python 3.11 library reference pages
     shipped by Debian's python3.11-doc."""
-    lib = PYTHON_DOCS_DIR / "library"
+    lib = python_docs_dir() / "library"
     if not lib.is_dir():
         raise SourceMissing(
-            f"Python docs not found at {PYTHON_DOCS_DIR}: apt-get install python3.11-doc "
+            f"Python docs not found at {python_docs_dir()}: apt-get install python3.11-doc "
             "(scripts/setup.sh does), or set SANDFLOW_PYTHON_DOCS"
         )
     return tuple(

@@ -1,10 +1,8 @@
 """Prefect flows: prepare -> run -> score -> usage -> tokens -> rollouts -> report.
 
-Importing `flows` applies sandflow's Prefect settings (flows/prefect_env.py) before
-any flow module imports prefect, so every entry point (CLI, tests, deployments,
-Dask workers) gets the same settings without having to remember to.
+sandflow's Prefect settings (flows/prefect_env.py) are set by whoever starts the process,
+before it imports prefect: the CLI (`prefect_env.apply()`), the tests' conftest, the
+benchmarks. Importing a library never changes the process environment
+(tests/test_settings_boundary.py); Dask workers inherit the environment of the process
+that starts them.
 """
-
-from flows import prefect_env as _prefect_env
-
-_prefect_env.apply()

@@ -107,6 +107,15 @@ def _writer(root: str, durability: str) -> Any:
         return _writers[key]
 
 
+def use_host_settings(run: RunSpec) -> None:
+    """The sandbox settings the application handed the process that built the run, in the
+    process that runs its episodes (a Dask worker has none of its own)."""
+    if run.sandbox_host:
+        from sandbox import settings
+
+        settings.configure(settings.HostSettings(), **run.sandbox_host)
+
+
 def run_one(spec: EpisodeSpec, run: RunSpec) -> EpisodeOutcome:
     """The task body, also callable without Prefect (benchmarks use it as the floor)."""
     from flows.limits import SANDBOX_GCL, shared_client, slot
@@ -115,6 +124,7 @@ def run_one(spec: EpisodeSpec, run: RunSpec) -> EpisodeOutcome:
     t0 = time.perf_counter()
     if run.warehouse is None:
         raise ValueError("RunSpec.warehouse is required to run an episode of a run")
+    use_host_settings(run)
     model_cfg = run.to_model_config()
     client = shared_client(model_cfg, run.max_model_calls)
     recorder = _writer(run.warehouse, run.durability)

@@ -10,8 +10,7 @@ Files apt itself ignores (other suffixes, such as ``*.disabled``) are ignored he
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,12 +134,12 @@ def pick_mirror(sources: Iterable[AptSource], suite: str) -> str | None:
 
 def debian_mirror(
     suite: str,
-    env: Mapping[str, str] | None = None,
+    mirror: str | None = None,
     apt_dir: Path = Path("/etc/apt"),
 ) -> str:
-    """SANDFLOW_DEBIAN_MIRROR if set, else the mirror apt uses for `suite`; a clear error if neither."""
-    env = os.environ if env is None else env
-    given = env.get(ENV_VAR, "").strip()
+    """`mirror` (the debian_mirror setting, SANDFLOW_DEBIAN_MIRROR, handed in) if given, else
+    the mirror apt uses for `suite`; a clear error if neither."""
+    given = (mirror or "").strip()
     if given:
         if not given.startswith(SCHEMES):
             raise MirrorNotFoundError(

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox import egress
+from sandbox import egress, settings
 from sandbox.base import SandboxError
 from sandbox.netpolicy import parse_hosts
 
@@ -83,11 +83,12 @@ def unavailable() -> str | None:
 
 
 def state_root() -> Path:
-    """Where the proxies' state lives: the shared folder for root (or SANDFLOW_EGRESS_DIR),
-    else one of this user's own (the shared one belongs to root)."""
-    if os.geteuid() == 0 or os.environ.get("SANDFLOW_EGRESS_DIR"):
-        return egress.STATE_ROOT
-    return egress.STATE_ROOT.with_name(f"{egress.STATE_ROOT.name}-{os.geteuid()}")
+    """Where the proxies' state lives: the shared folder for root (or the egress_dir setting,
+    SANDFLOW_EGRESS_DIR), else one of this user's own (the shared one belongs to root)."""
+    if os.geteuid() == 0 or settings.current().egress_dir is not None:
+        return egress.state_root()
+    root = egress.state_root()
+    return root.with_name(f"{root.name}-{os.geteuid()}")
 
 
 def ensure(policy: Any, hosts: dict[str, str] | None = None) -> egress.Endpoint:

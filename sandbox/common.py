@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import posixpath
 import tarfile
 import threading
@@ -57,7 +56,6 @@ TAR_OVERHEAD = 8192  # per archive entry: header blocks, a pax record for a long
 HOME = "/home/sandbox"
 SANDBOX_UID = IMAGE_UID  # no host account (sandbox/image.py says why)
 SANDBOX_GID = IMAGE_UID
-ENV_PRIVSEP = "SANDFLOW_SANDBOX_PRIVSEP"
 # The helper runs as uid 0 with only these (and no-new-privileges): enough to start the
 # shell as the sandbox user, kill its processes, and empty its children's bounding set.
 HELPER_CAPS = ("SETUID", "SETGID", "KILL", "SETPCAP")
@@ -66,10 +64,13 @@ HELPER_CAPS = ("SETUID", "SETGID", "KILL", "SETPCAP")
 def privsep() -> bool:
     """Run the helper as uid 0, apart from the sandbox user (the default; read at each start).
 
-    SANDFLOW_SANDBOX_PRIVSEP=0 runs it as the sandbox user (for engines that refuse a root
-    user): then only its non-dumpable mark keeps its channel out of the user's reach.
+    HostSettings.privsep off (SANDFLOW_SANDBOX_PRIVSEP=0 in the application) runs it as the
+    sandbox user (for engines that refuse a root user): then only its non-dumpable mark
+    keeps its channel out of the user's reach.
     """
-    return os.environ.get(ENV_PRIVSEP, "1").strip().lower() not in ("0", "false", "no", "off")
+    from sandbox import settings
+
+    return settings.current().privsep
 
 
 _ERRORS: dict[str, type[OSError]] = {

@@ -15,32 +15,81 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from sandbox import settings
 from sandbox.base import SandboxError
 
 log = logging.getLogger("sandflow.sandbox")
 
 T = TypeVar("T")
-ENV_TIMEOUT = "SANDFLOW_ENGINE_CALL_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 60.0
+SETTING = "engine_call_timeout_s"  # named in the error: the setting that raises the bound
 
 
 def call_timeout() -> float:
-    """Seconds one engine call may take (SANDFLOW_ENGINE_CALL_TIMEOUT_S, default 60)."""
-    raw = os.environ.get(ENV_TIMEOUT, "")
-    try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        raise SandboxError(f"{ENV_TIMEOUT}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise SandboxError(f"{ENV_TIMEOUT}={raw!r} must be > 0 seconds")
-    return value
+    """Seconds one engine call may take (HostSettings.engine_call_timeout_s, default 60)."""
+    return settings.current().engine_call_timeout_s
 
 
 class EngineTimeout(SandboxError):
     """An engine call did not answer within its bound."""
+
+
+class _Gate:
+    """At most `engine_calls_in_flight` engine calls at once, per process.
+
+    256 sandboxes opened at once sent 256 `start`s (and as many creates for their network
+    namespace holders) to the engine together: it answered them all, but slowly (p50 33 s,
+    the slowest past 60 s), so the time bound failed 29 of them as a hung engine (issue
+    #22.6: the rl_env benchmark's 256 level). The engine is no faster at 256 calls than at
+    a few (containerd and runc do the work); queued here, each call takes ~a second, and
+    its bound measures the engine, not the queue in front of it.
+
+    A caller waiting for a slot is not waiting on a hung engine as long as calls finish:
+    it gives up (EngineTimeout) only when no call has finished for its whole bound. A call
+    abandoned at its bound keeps its slot until it returns, so a stuck engine cannot
+    gather an unbounded number of stuck calls.
+    """
+
+    def __init__(self) -> None:
+        self.busy = 0
+        self.cond = threading.Condition()
+        self.last_done = time.monotonic()
+
+    def enter(self, what: str, limit: float) -> None:
+        size = settings.current().engine_calls_in_flight
+        with self.cond:
+            since = time.monotonic()
+            while self.busy >= size:
+                left = max(since, self.last_done) + limit - time.monotonic()
+                if left <= 0:
+                    raise EngineTimeout(
+                        f"the Docker engine finished none of its {self.busy} calls in flight "
+                        f"within {limit:.0f}s, so {what} was not sent (bound: the {SETTING} "
+                        "setting, SANDFLOW_ENGINE_CALL_TIMEOUT_S); the engine is overloaded or stuck"
+                    )
+                self.cond.wait(left)
+            self.busy += 1
+
+    def leave(self) -> None:
+        with self.cond:
+            self.busy -= 1
+            self.last_done = time.monotonic()
+            self.cond.notify()
+
+
+_GATE = _Gate()
+
+
+def _forget_in_child() -> None:
+    """A forked child has none of its parent's calls in flight (their threads stayed behind)."""
+    global _GATE
+    _GATE = _Gate()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def bounded(
@@ -63,6 +112,8 @@ def bounded(
             result = fn()
         except BaseException as e:  # noqa: BLE001 - handed to the caller as is
             error = e
+        finally:
+            _GATE.leave()
         with lock:
             box.update(done=True, result=result, error=error)
             abandoned = box.get("abandoned", False)
@@ -73,14 +124,19 @@ def bounded(
             except Exception as e:  # noqa: BLE001 - best effort; gc is the backstop
                 log.warning("late result of %s not cleaned up: %s", what, e)
 
-    threading.Thread(target=run, name=f"sandflow-engine-{what}", daemon=True).start()
+    _GATE.enter(what, limit)
+    try:
+        threading.Thread(target=run, name=f"sandflow-engine-{what}", daemon=True).start()
+    except BaseException:
+        _GATE.leave()
+        raise
     if not done.wait(limit):
         with lock:
             if not box.get("done"):
                 box["abandoned"] = True
                 raise EngineTimeout(
                     f"the Docker engine did not answer {what} within {limit:.0f}s "
-                    f"(bound: {ENV_TIMEOUT}); the engine is overloaded or stuck"
+                    f"(bound: the {SETTING} setting, SANDFLOW_ENGINE_CALL_TIMEOUT_S); the engine is overloaded or stuck"
                 )
     if box["error"] is not None:
         raise box["error"]

@@ -37,13 +37,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox import egress_firewall, log_tail
+from sandbox import egress_firewall, log_tail, settings
 from sandbox.base import SandboxError
 from sandbox.netpolicy import EgressPolicy, squid_rules
 
 log = logging.getLogger("sandflow.sandbox.egress")
 
-STATE_ROOT = Path(os.environ.get("SANDFLOW_EGRESS_DIR", "/var/tmp/sandflow-egress"))
+
+def state_root() -> Path:
+    """Where the proxies' state lives (HostSettings.egress_dir; default /var/tmp/sandflow-egress)."""
+    return settings.current().egress_dir or settings.DEFAULT_EGRESS_DIR
+
+
 PROXY_PORT = 13128  # not 3128: a distribution squid started by its package may hold that
 NETWORK_PREFIX = "sandflow-egress-"
 BRIDGE_PREFIX = "sfeg-"
@@ -59,8 +64,6 @@ START_TIMEOUT_S = 20.0
 # a direct download at 1500, 1.18-1.20x at this MTU, same sandbox, interleaved;
 # docs/sandbox.md). Nothing on it is routed onward, so no path-MTU question arises.
 EGRESS_MTU = 65520
-# the shared download cache (per policy): disk, under the policy's state folder
-CACHE_MB = int(os.environ.get("SANDFLOW_EGRESS_CACHE_MB", "8192"))  # 0: no cache
 MAX_OBJECT_MB = 2048  # the largest file cached (CUDA wheels approach 2 GB)
 # package files are named by their version: a URL ending so is treated as unchanged for a day
 PACKAGE_FILES = (
@@ -251,10 +254,11 @@ def _cache_conf(ep_dir: Path) -> list[str]:
     max-age=0`), so without this one sandbox could empty a file for all the others.
     Nothing private is shared: requests with credentials or cookies, and replies that set
     a cookie, are not stored."""
-    if CACHE_MB <= 0:
+    cache_mb = settings.current().egress_cache_mb  # disk, under the policy's state folder
+    if cache_mb <= 0:
         return ["cache deny all", "cache_mem 8 MB"]
     return [
-        f"cache_dir aufs {ep_dir}/cache {CACHE_MB} 16 16",  # 256 folders: quick to create
+        f"cache_dir aufs {ep_dir}/cache {cache_mb} 16 16",  # 256 folders: quick to create
         f"maximum_object_size {MAX_OBJECT_MB} MB",
         "cache_mem 64 MB",
         "maximum_object_size_in_memory 1 MB",
@@ -303,7 +307,7 @@ def ensure(api: Any, policy: EgressPolicy, hosts: dict[str, str] | None = None) 
     import docker.errors
 
     key = state_key(policy, hosts)
-    ep_dir = STATE_ROOT / key
+    ep_dir = state_root() / key
     ep_dir.mkdir(parents=True, exist_ok=True)
     name, bridge = NETWORK_PREFIX + key, BRIDGE_PREFIX + key
     with open(ep_dir / "lock", "w") as lock:
@@ -331,7 +335,7 @@ def ensure(api: Any, policy: EgressPolicy, hosts: dict[str, str] | None = None) 
         if not gateway:
             raise SandboxError(f"egress network {name}: the engine gave it no gateway address")
         try:
-            egress_firewall.ensure_logger(STATE_ROOT)
+            egress_firewall.ensure_logger(state_root())
         except RuntimeError as exc:
             raise SandboxError(f"network policy {policy.mode!r}: {exc}") from None
         _install_rules(bridge, gateway, PROXY_PORT)
@@ -402,7 +406,7 @@ def start_squid(
     service = squid_service(ep_dir)
     for stale in Path("/dev/shm").glob(f"{service}-*"):  # left by a squid of ours that died
         stale.unlink(missing_ok=True)  # (the caller holds the lock and its pid is gone)
-    if CACHE_MB > 0 and not (ep_dir / "cache" / "00").is_dir():
+    if settings.current().egress_cache_mb > 0 and not (ep_dir / "cache" / "00").is_dir():
         _init_cache(ep_dir, service)
     _run(["squid", "-n", service, "-f", str(ep_dir / "squid.conf")])
     if not _wait_listening(address, port, START_TIMEOUT_S):
@@ -559,7 +563,7 @@ class LogCursor:
         with contextlib.suppress(OSError):
             cursor.pos = (endpoint.state_dir / "access.log").stat().st_size
         with contextlib.suppress(OSError):
-            cursor.firewall_pos = egress_firewall.log_path(STATE_ROOT).stat().st_size
+            cursor.firewall_pos = egress_firewall.log_path(state_root()).stat().st_size
         return cursor
 
 
@@ -619,7 +623,7 @@ def firewall_records(
     bridge = BRIDGE_PREFIX + endpoint.network[len(NETWORK_PREFIX) :]
     at = [cursor.firewall_pos if cursor is not None else 0]
     found = egress_firewall.read(
-        egress_firewall.log_path(STATE_ROOT), bridge, client, since, until, at
+        egress_firewall.log_path(state_root()), bridge, client, since, until, at
     )
     if cursor is not None:
         cursor.firewall_pos = at[0]

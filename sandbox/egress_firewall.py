@@ -40,9 +40,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sandbox import log_tail
+from sandbox import log_tail, settings
 
-NFLOG_GROUP = int(os.environ.get("SANDFLOW_EGRESS_NFLOG_GROUP", "31413"))
 SNAP_BYTES = 128  # copied per packet: IPv4 + TCP/UDP headers, never the payload
 LOG_PER_SOURCE = "5/second"
 LOG_BURST = 20
@@ -109,7 +108,7 @@ def log_rule(bridge: str, chain: str) -> list[str]:
         "-j",
         "NFLOG",
         "--nflog-group",
-        str(NFLOG_GROUP),
+        str(settings.current().egress_nflog_group),
         "--nflog-prefix",
         bridge,
         "--nflog-size",
@@ -127,7 +126,7 @@ def _conf(root: Path) -> str:
         "stack=log1:NFLOG,base1:BASE,ifi1:IFINDEX,ip2str1:IP2STR,json1:JSON",
         "",
         "[log1]",
-        f"group={NFLOG_GROUP}",
+        f"group={settings.current().egress_nflog_group}",
         # hand over each packet at once: the kernel's default batches up to 100 packets or
         # 1 s, and a refusal logged after its turn was read would land in no turn
         "netlink_qthreshold=1",

@@ -138,10 +138,13 @@ def image_env() -> dict[str, str]:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SANDFLOW_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "sandflow"
-    )
-    return Path(root)
+    """HostSettings.cache_dir (SANDFLOW_CACHE_DIR), else $XDG_CACHE_HOME/sandflow."""
+    from sandbox import settings
+
+    given = settings.current().cache_dir
+    if given is not None:
+        return given
+    return Path(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))) / "sandflow"
 
 
 def rootfs_path(spec: ImageSpec = DEFAULT_SPEC) -> Path:
@@ -150,13 +153,14 @@ def rootfs_path(spec: ImageSpec = DEFAULT_SPEC) -> Path:
 
 
 def debian_mirror(suite: str = SUITE) -> str:
-    """SANDFLOW_DEBIAN_MIRROR, else the Debian mirror this machine's apt uses (never a
-    built-in host name: it may be one this machine cannot reach)."""
+    """HostSettings.debian_mirror (SANDFLOW_DEBIAN_MIRROR), else the Debian mirror this
+    machine's apt uses (never a built-in host name: it may be one this machine cannot reach)."""
+    from sandbox import settings
     from sandbox.apt_sources import MirrorNotFoundError
     from sandbox.apt_sources import debian_mirror as from_apt
 
     try:
-        return from_apt(suite)
+        return from_apt(suite, settings.current().debian_mirror)
     except MirrorNotFoundError as e:
         raise ImageBuildError(str(e)) from None
 
@@ -399,4 +403,12 @@ if __name__ == "__main__":  # pragma: no cover - exercised by scripts/setup.sh
     _pkg = types.ModuleType("sandbox")
     _pkg.__path__ = [str(Path(_root) / "sandbox")]
     sys.modules["sandbox"] = _pkg
+    # This script is an entry point of its own (scripts/setup.sh, before the application
+    # exists): like the application, it reads its settings and hands them to the library.
+    from sandbox import settings as _settings
+
+    _settings.configure(
+        cache_dir=os.environ.get("SANDFLOW_CACHE_DIR") or None,
+        debian_mirror=os.environ.get("SANDFLOW_DEBIAN_MIRROR") or None,
+    )
     raise SystemExit(_early_rootfs_main())

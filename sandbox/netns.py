@@ -37,13 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox import labels as L
-from sandbox import registry
+from sandbox import registry, settings
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.deadline import bounded
 
 log = logging.getLogger("sandflow.sandbox")
 
-ENV_SWITCH = "SANDFLOW_NETNS_REUSE"
 HOLDER_RUN_ID = "sandflow-netns-holder"
 ROLE = "sandflow.role"
 IDLE_S = 30.0  # an idle holder is removed after this long
@@ -53,10 +52,9 @@ HOLDER_ARGV = ["cat"]  # idles on stdin; exits on EOF (our connection dropped)
 
 
 def enabled(network: str) -> bool:
-    """Reuse applies to policy "none" unless SANDFLOW_NETNS_REUSE is 0/false/no/off."""
-    if network != "none":
-        return False
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    """Reuse applies to policy "none" unless HostSettings.netns_reuse is off
+    (SANDFLOW_NETNS_REUSE=0 in the application)."""
+    return network == "none" and settings.current().netns_reuse
 
 
 @dataclass

@@ -9,6 +9,7 @@ group (the libraries below have no CLI of their own):
     commands/rl.py         rl ...                      (rl/)
     commands/data.py       data ...                    (datagen/, flows/data.py)
     commands/compare.py    compare                     (analysis/, warehouse/)
+    commands/interop.py    export ..., import ...      (interop/)
     viewer/cli.py          view                        (the web viewer, sandflow/viewer/)
 
 Command modules import their heavy dependencies (docker, prefect, duckdb) inside the
@@ -17,7 +18,12 @@ command bodies, so `sandflow --help` stays fast. Errors: sandflow/errors.py.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NoReturn
+
 import typer
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 app = typer.Typer(
     name="sandflow",
@@ -34,9 +40,19 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from sandflow.commands import compare, data, episode, pipeline, rl, sandbox, sql, tasksets
+    from sandflow.commands import (
+        compare,
+        data,
+        episode,
+        interop,
+        pipeline,
+        rl,
+        sandbox,
+        sql,
+        tasksets,
+    )
 
-    for module in (sandbox, episode, sql, tasksets, pipeline, rl, data, compare):
+    for module in (sandbox, episode, sql, tasksets, pipeline, rl, data, compare, interop):
         module.register(app)
 
 
@@ -60,6 +76,39 @@ def _root(
     ),
 ) -> None:
     """LLM-in-Sandbox as a data pipeline."""
+    _hand_settings_down()
+
+
+def _hand_settings_down() -> None:
+    """This machine's settings (SANDFLOW_*, sandflow.toml) to the libraries, before any
+    command runs (sandflow/host.py); a bad one stops here, named, with exit code 2. The
+    Prefect defaults go into the environment here too, before anything imports prefect
+    (the processes the CLI starts inherit them; no library import sets them)."""
+    from pydantic import ValidationError
+
+    from flows import prefect_env
+    from sandflow.host import apply_host_settings
+
+    prefect_env.apply()
+    try:
+        apply_host_settings()
+    except ValidationError as exc:
+        _bad_setting(exc)
+    except (ValueError, OSError):
+        pass  # an unreadable config file: the command that needs it says so (`sql` does not)
+
+
+def _bad_setting(exc: ValidationError) -> NoReturn:
+    """One sentence naming the setting, its value and what is wrong; exit code 2."""
+    from sandflow.errors import fail
+
+    err = exc.errors()[0]
+    name = ".".join(map(str, err["loc"]))
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    raise fail(
+        f"invalid setting {name} (SANDFLOW_{name.upper()} or sandflow.toml): "
+        f"{err.get('input')!r} is not valid: {msg}"
+    ) from None
 
 
 _register()

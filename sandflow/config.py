@@ -1,7 +1,9 @@
 """Settings from flags, environment (SANDFLOW_*) and a config file (sandflow.toml).
 
-The application's settings are resolved HERE and only here, then handed to the libraries
-as values (a RunSpec, a warehouse root, a JudgeEndpoint): no library reads them.
+The application's settings are resolved HERE (a run's) and in sandflow/host.py (this
+machine's, which `Settings` includes), then handed to the libraries as values (a RunSpec,
+a warehouse root, a JudgeEndpoint, sandbox.settings.configure): no library reads them
+(tests/test_settings_boundary.py).
 
 Precedence, highest first: explicit flags (passed as init kwargs), environment,
 the config file named by SANDFLOW_CONFIG (default ./sandflow.toml), defaults.
@@ -16,14 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
+from pydantic_settings import NoDecode
 
+from sandflow.host import HostSettings
 from tasks.model import API_KEY_ENV
 from tasks.pricing import PriceTable, load_prices
 from warehouse import DEFAULT_ROOT
@@ -34,8 +31,8 @@ if TYPE_CHECKING:
 SECRET_FIELDS = frozenset({"api_key", "judge_api_key"})
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SANDFLOW_", extra="ignore")
+class Settings(HostSettings):
+    """The run's settings (endpoint, sandbox, warehouse, judge) and this machine's (HostSettings)."""
 
     # Model endpoint (any OpenAI-compatible server). Empty base_url: the embedded model.
     base_url: str | None = None
@@ -74,21 +71,6 @@ class Settings(BaseSettings):
     judge_base_url: str | None = None
     judge_model: str | None = None
     judge_api_key: SecretStr | None = Field(None, exclude=True)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        path = Path(os.environ.get("SANDFLOW_CONFIG", "sandflow.toml"))
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if path.is_file():
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
-        return tuple(sources)
 
     @field_validator("network")
     @classmethod

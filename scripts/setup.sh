@@ -130,10 +130,17 @@ if [ "$(cat $STAMP 2>/dev/null)" != "$WANT" ]; then
   # other installs, into a wheel folder, with only what the embedded server uses (no
   # multimodal library) and every core. pip's cache keeps the wheel for the next venv.
   WHEELS="$LOGS/../wheels"; mkdir -p "$WHEELS"
-  if ! .venv/bin/python -c 'import llama_cpp' >/dev/null 2>&1; then
+  # The version range is pyproject's (local-model extra): a build outside it is rebuilt.
+  LLAMA_SPEC=$(grep -o '"llama-cpp-python\[server\][^"]*"' pyproject.toml | tr -d '"' | sed 's/\[server\]//')
+  if ! .venv/bin/python - "$LLAMA_SPEC" >/dev/null 2>&1 <<'PY'
+import importlib.metadata as md, sys
+from packaging.requirements import Requirement
+sys.exit(md.version("llama_cpp_python") not in Requirement(sys.argv[1]).specifier)
+PY
+  then
     start llama-cpp-wheel env CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" \
       CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-      .venv/bin/pip wheel --no-deps -w "$WHEELS" "llama-cpp-python>=0.3"
+      .venv/bin/pip wheel --no-deps -w "$WHEELS" "$LLAMA_SPEC"
   fi
   t=$(date +%s)
   say "installing sandflow and its dependencies into .venv (log: $LOGS/pip.log)"

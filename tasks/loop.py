@@ -52,7 +52,7 @@ from tasks.records import (
     episode_key,
     episode_totals,
 )
-from tasks.tools import TOOL_SCHEMAS, ToolBox
+from tasks.tools import TOOL_SCHEMAS, ToolBox, clip_bytes
 
 log = logging.getLogger("sandflow.episode")
 
@@ -76,7 +76,17 @@ class Limits(BaseModel):
         1800.0, gt=0, description="the model's calls and commands (a hung endpoint: model_error)"
     )
     exec_timeout_s: float | None = Field(None, gt=0, description="per command; default: the sandbox's")
-    max_observation_chars: int = Field(16_000, ge=200)
+    max_observation_chars: int = Field(16_000, ge=200, description="one tool result, clipped in the middle")
+    # One message may carry any number of tool calls (a policy's raw text, a hostile
+    # model): these bound what one turn can cost. Calls past either bound are not run;
+    # each still gets a short error result, so the chat stays valid and the model can
+    # read why (docs/episodes.md, "Bounds of a turn").
+    max_tool_calls_per_turn: int = Field(
+        32, ge=1, description="tool calls run per assistant message; the rest answered with an error"
+    )
+    max_observation_bytes_per_turn: int = Field(
+        262_144, ge=1024, description="UTF-8 bytes of tool results per turn; later calls are not run"
+    )
 
 
 @dataclass
@@ -423,6 +433,50 @@ def _public_config(
     return cfg
 
 
+class TurnBudget:
+    """What one turn's tool calls may cost: `max_tool_calls_per_turn` calls run, and their
+    results together hold at most `max_observation_bytes_per_turn` UTF-8 bytes.
+
+    The result that crosses the byte budget is clipped to what is left (head and tail,
+    with a notice); every call after the budget is spent, or past the call cap, is not
+    run and is answered with a one-line error instead (its cost is proportional to the
+    call the message sent, itself bounded by the reply's size).
+    """
+
+    def __init__(self, limits: Limits, calls: int) -> None:
+        self.max_calls = limits.max_tool_calls_per_turn
+        self.max_bytes = limits.max_observation_bytes_per_turn
+        self.calls = calls
+        self.ran = 0
+        self.used = 0
+
+    def refusal(self) -> tuple[str, str] | None:
+        """(error label, the model's message) for a call that must not run; None: run it."""
+        if self.ran >= self.max_calls:
+            return (
+                "over the tool-call limit",
+                f"Not executed: at most {self.max_calls} tool calls run per message "
+                f"({self.calls} were sent). Send the others in your next message.",
+            )
+        if self.used >= self.max_bytes:
+            return (
+                "over the observation budget",
+                f"Not executed: this message's tool results reached {self.max_bytes} bytes. "
+                "Call it again in your next message, with less output.",
+            )
+        return None
+
+    def charge(self, obs: Observation) -> None:
+        """Count a call that ran; clip its result to the bytes left in the turn."""
+        self.ran += 1
+        left = self.max_bytes - self.used
+        obs.content, clipped = clip_bytes(
+            obs.content, left, f"this message's tool results reached {self.max_bytes} bytes"
+        )
+        obs.truncated = obs.truncated or clipped
+        self.used += len(obs.content.encode("utf-8"))
+
+
 class _Episode:
     """The state of one running episode; methods are the loop's steps."""
 
@@ -638,12 +692,17 @@ class _Episode:
             self.messages.append(nudge)
             turn.extra_messages.append(nudge)
         submitted = False
+        budget = TurnBudget(self.limits, len(reply.tool_calls))
         t_tools = time.perf_counter()
         for call in reply.tool_calls:
-            if submitted:  # still answered, so every call has its result
+            refusal = (
+                ("not executed after submit", "Not executed: submit already ended the task.")
+                if submitted
+                else budget.refusal()
+            )
+            if refusal is not None:  # still answered, so every call has its result
                 skipped = Observation(
-                    tool_call_id=call.id, name=call.name, error="not executed after submit",
-                    content="Not executed: submit already ended the task.",
+                    tool_call_id=call.id, name=call.name, error=refusal[0], content=refusal[1]
                 )
                 turn.observations.append(skipped)
                 self.messages.append({"role": "tool", "tool_call_id": call.id, "content": skipped.content})
@@ -651,6 +710,7 @@ class _Episode:
             self.on_event("tool", call)
             result = self._call_tool(toolbox, call, turn)
             obs = result.observation
+            budget.charge(obs)
             turn.observations.append(obs)
             self.messages.append({"role": "tool", "tool_call_id": call.id, "content": obs.content})
             self.on_event("observation", obs)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sandbox import settings as host_settings
 from sandbox.base import SandboxConfig, SandboxLimits
 from sandbox.netpolicy import PolicyError, parse_network
 from tasks.loop import Limits
@@ -56,6 +57,8 @@ class RunSpec(BaseModel):
     wall_clock_s: float = 900.0
     exec_timeout_s: float | None = None
     context_tokens: int | None = None
+    max_tool_calls_per_turn: int | None = Field(None, description="None: the loop's default (Limits)")
+    max_observation_bytes_per_turn: int | None = Field(None, description="None: the loop's default (Limits)")
     prompt_dir: str | None = None
     # the sandbox
     backend: str = "docker"
@@ -63,6 +66,13 @@ class RunSpec(BaseModel):
     network: str = "none"
     sandbox_reuse: str = Field("fresh", description="fresh sandbox per episode, or 'pool' (reset and reused)")
     sandbox_runtime: str | None = Field(None, description="docker: the engine's OCI runtime ('runsc': gVisor); None: runc")
+    sandbox_host: dict[str, Any] = Field(
+        default_factory=lambda: host_settings.current().changed(),
+        description="the sandbox settings that differ from the defaults in the process that "
+        "built the spec (sandbox.settings.HostSettings, handed in by the application: engine "
+        "call bound, netns reuse, ...), carried to every process that runs its episodes "
+        "(Dask workers included)",
+    )
     # the run: where it is recorded, how wide it fans out, how it recovers
     warehouse: str | None = Field(None, description="None: episodes are not recorded there")
     concurrency: int = 4
@@ -113,11 +123,17 @@ class RunSpec(BaseModel):
         )
 
     def to_limits(self) -> Limits:
+        per_turn = {
+            name: value
+            for name in ("max_tool_calls_per_turn", "max_observation_bytes_per_turn")
+            if (value := getattr(self, name)) is not None
+        }
         return Limits(
             max_steps=self.max_steps,
             wall_clock_s=self.wall_clock_s,
             exec_timeout_s=self.exec_timeout_s,
             context_tokens=self.context_tokens,
+            **per_turn,
         )
 
     def to_sandbox_config(self, run_id: str | None = None) -> SandboxConfig:

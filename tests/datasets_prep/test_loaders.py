@@ -83,6 +83,19 @@ def test_offline_hub_fails_at_once_with_a_sentence(monkeypatch):
     assert "not reachable" in msg and "local HF cache" in msg and "sandflow-nonexistent/dataset-xyz" in msg
 
 
+def test_an_unreachable_hub_goes_offline_without_changing_the_environment(monkeypatch):
+    """#23: the loader once set HF_HUB_OFFLINE / HF_DATASETS_OFFLINE in os.environ; now it
+    sets the libraries' own flags and the process environment stays as it was."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: refused at once
+    monkeypatch.setenv("HF_HOME", os.path.join(os.environ.get("TMPDIR", "/tmp"), "sandflow-empty-hf-home"))
+    before = dict(os.environ)
+    with pytest.raises(SourceError, match="offline mode"):
+        load_rows("hf:sandflow-nonexistent/dataset-xyz:cfg@test")
+    assert dict(os.environ) == before
+
+
 def test_json_document_with_data_list(tmp_path):
     p = tmp_path / "doc.json"
     p.write_text(json.dumps({"version": 1, "data": ROWS}, indent=2), encoding="utf-8")

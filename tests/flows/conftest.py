@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-import flows  # noqa: F401  (Prefect settings before prefect is imported)
 from tests.conftest import TEST_RUN_PREFIX
 from tests.scripted_model import Reply, ScriptedModel, text_reply, tool_reply
 

@@ -147,11 +147,11 @@ def test_prefect_yaml_deploys_against_a_real_server(prefect_server: dict[str, st
         assert r.returncode == 0, r.stdout + r.stderr
     deps = {d["name"]: d for d in _api(env, "/deployments/filter", {})}
     assert set(deps) == {"nightly", "rl-data", "data-build"}
-    assert deps["data-build"]["entrypoint"] == "flows/data.py:data_build_job"
+    assert deps["data-build"]["entrypoint"] == "sandflow/deployments.py:data_build_job"
     assert deps["data-build"]["parameters"]["decontaminate"] == ["smoke"]
     nightly = deps["nightly"]
     assert nightly["work_pool_name"] == "sandflow-process"
-    assert nightly["entrypoint"] == "flows/nightly.py:nightly_flow"
+    assert nightly["entrypoint"] == "sandflow/deployments.py:nightly_flow"  # settings handed down first
     assert nightly["parameters"]["source"] == "smoke" and nightly["parameters"]["mode"] == "both"
     crons = [s["schedule"]["cron"] for s in nightly["schedules"]]
     assert crons == ["0 2 * * *"]

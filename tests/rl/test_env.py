@@ -207,6 +207,51 @@ def test_wall_clock_counts_the_policys_time_between_steps() -> None:
     env.close()
 
 
+def test_a_step_with_3000_tool_calls_runs_the_cap_and_answers_every_call() -> None:
+    """Issue #22.9: one step with 3,000 calls produced 48 MB of observations in 15.6 s. Now
+    `max_tool_calls_per_turn` of them run (here 32, the default); each of the others is
+    answered with a short error, so the trainer gets one tool message per call."""
+    env = SandboxEnv(sandbox=sandbox_cfg(), run_id=new_run_id("calls"))
+    env.reset(math_task())
+    call = hermes("execute_bash", {"command": "echo x >> /tmp/ran; head -c 1000 /dev/zero | tr '\\0' a"})
+    out = env.step("\n".join([call] * 3000))
+    assert not out.done
+    assert len(out.observations) == 3000
+    assert [m["tool_call_id"] for m in out.observations] == [f"call_0_{i}" for i in range(3000)]
+    cap = Limits().max_tool_calls_per_turn
+    assert cap == 32
+    refused = [m for m in out.observations if m["content"].startswith("Not executed")]
+    assert len(refused) == 3000 - cap
+    total = sum(len(m["content"].encode()) for m in out.observations)
+    budget = Limits().max_observation_bytes_per_turn
+    assert total < budget + 200 * 3000, total  # bounded: the budget plus one short line per call
+    turn = env.episode.turns[-1] if env.episode else None
+    assert turn is not None and len(turn.observations) == 3000
+    ran = env.step(hermes("execute_bash", {"command": "wc -l < /tmp/ran"}))
+    assert ran.observations[0]["content"] == f"{cap}\n[exit code: 0]"
+    env.close()
+
+
+def test_a_step_over_the_byte_budget_stops_running_calls() -> None:
+    """Issue #22.9, the byte bound through SandboxEnv: with a 4,000-byte budget, a call that
+    prints 3,000 bytes runs, the next is clipped to the bytes left, the rest do not run."""
+    env = SandboxEnv(
+        sandbox=sandbox_cfg(),
+        run_id=new_run_id("bytes"),
+        limits=Limits(max_observation_bytes_per_turn=4000),
+    )
+    env.reset(math_task())
+    call = hermes("execute_bash", {"command": "echo x >> /tmp/ran; head -c 3000 /dev/zero | tr '\\0' a"})
+    out = env.step("\n".join([call] * 5))
+    contents = [m["content"] for m in out.observations]
+    assert len(contents) == 5
+    assert "bytes omitted, this message's tool results reached 4000 bytes" in contents[1]
+    assert all(c.startswith("Not executed: this message's tool results reached 4000 bytes") for c in contents[2:])
+    ran = env.step(hermes("execute_bash", {"command": "wc -l < /tmp/ran"}))
+    assert ran.observations[0]["content"] == "2\n[exit code: 0]"
+    env.close()
+
+
 def test_a_chem_symbol_row_scores_its_correct_answer() -> None:
     """Issue #22: through the RL rows a list ground truth became its JSON text, and every
     chem "symbol" task scored 0 in SandboxEnv for a correct answer. The row the export

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,7 +49,7 @@ def apt_tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 def test_deb822_sources_file(tmp_path: Path) -> None:
     apt = apt_tree(tmp_path, {"sources.list.d/debian.sources": DEB822})
-    assert debian_mirror("bookworm", env={}, apt_dir=apt) == "http://main.example.test/debian"
+    assert debian_mirror("bookworm", None, apt_dir=apt) == "http://main.example.test/debian"
 
 
 def test_one_line_sources_list_with_options_and_comments(tmp_path: Path) -> None:
@@ -59,7 +60,7 @@ def test_one_line_sources_list_with_options_and_comments(tmp_path: Path) -> None
         "deb [arch=amd64 signed-by=/usr/share/keyrings/x.gpg] http://one.example.test/debian bookworm main # trailing\n"
     )
     apt = apt_tree(tmp_path, {"sources.list": text})
-    assert debian_mirror("bookworm", env={}, apt_dir=apt) == "http://one.example.test/debian"
+    assert debian_mirror("bookworm", None, apt_dir=apt) == "http://one.example.test/debian"
 
 
 def test_parsers_keep_every_binary_source() -> None:
@@ -101,7 +102,7 @@ def test_only_security_or_other_distributions_is_not_a_mirror(tmp_path: Path) ->
         },
     )
     with pytest.raises(MirrorNotFoundError) as e:
-        debian_mirror("bookworm", env={}, apt_dir=apt)
+        debian_mirror("bookworm", None, apt_dir=apt)
     msg = str(e.value)
     assert (
         "SANDFLOW_DEBIAN_MIRROR" in msg and str(apt / "sources.list") in msg and "*.sources" in msg
@@ -112,11 +113,11 @@ def test_updates_suite_or_debian_path_is_a_fallback(tmp_path: Path) -> None:
     apt = apt_tree(
         tmp_path, {"sources.list": "deb http://u.example.test/debian bookworm-updates main\n"}
     )
-    assert debian_mirror("bookworm", env={}, apt_dir=apt) == "http://u.example.test/debian"
+    assert debian_mirror("bookworm", None, apt_dir=apt) == "http://u.example.test/debian"
     apt2 = apt_tree(
         tmp_path / "b", {"sources.list": "deb http://t.example.test/debian trixie main\n"}
     )
-    assert debian_mirror("bookworm", env={}, apt_dir=apt2) == "http://t.example.test/debian"
+    assert debian_mirror("bookworm", None, apt_dir=apt2) == "http://t.example.test/debian"
 
 
 def test_files_apt_ignores_are_ignored(tmp_path: Path) -> None:
@@ -129,24 +130,24 @@ def test_files_apt_ignores_are_ignored(tmp_path: Path) -> None:
     )
     assert read_sources(apt) == []
     with pytest.raises(MirrorNotFoundError):
-        debian_mirror("bookworm", env={}, apt_dir=apt)
+        debian_mirror("bookworm", None, apt_dir=apt)
 
 
 def test_env_var_wins_and_is_checked(tmp_path: Path) -> None:
     apt = apt_tree(tmp_path, {"sources.list.d/debian.sources": DEB822})
-    env = {"SANDFLOW_DEBIAN_MIRROR": "http://mine.example.test/debian"}
-    assert debian_mirror("bookworm", env=env, apt_dir=apt) == "http://mine.example.test/debian"
+    given = "http://mine.example.test/debian"  # the debian_mirror setting, handed in
+    assert debian_mirror("bookworm", given, apt_dir=apt) == "http://mine.example.test/debian"
     with pytest.raises(MirrorNotFoundError, match="not a mirror URL"):
-        debian_mirror("bookworm", env={"SANDFLOW_DEBIAN_MIRROR": "deb.example.test"}, apt_dir=apt)
+        debian_mirror("bookworm", "deb.example.test", apt_dir=apt)
 
 
 def test_no_configuration_at_all(tmp_path: Path) -> None:
     with pytest.raises(MirrorNotFoundError, match="is not set, and none of"):
-        debian_mirror("bookworm", env={}, apt_dir=tmp_path / "missing")
+        debian_mirror("bookworm", None, apt_dir=tmp_path / "missing")
 
 
-def test_image_build_reports_it_as_an_image_build_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SANDFLOW_DEBIAN_MIRROR", "gopher://x")
+def test_image_build_reports_it_as_an_image_build_error(host_settings: Any) -> None:
+    host_settings(debian_mirror="gopher://x")
     with pytest.raises(ImageBuildError, match="SANDFLOW_DEBIAN_MIRROR"):
         image_mirror()
 

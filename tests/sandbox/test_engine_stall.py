@@ -15,11 +15,15 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sandbox import SandboxConfig, SandboxError, SandboxLimits, open_sandbox
-from sandbox.deadline import ENV_TIMEOUT, EngineTimeout, bounded
+from sandbox.deadline import EngineTimeout, bounded
+from sandbox.settings import HostSettings
+
+ENV_TIMEOUT = "SANDFLOW_ENGINE_CALL_TIMEOUT_S"  # how the user sets the bound (sandflow/host.py)
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -87,9 +91,9 @@ def stalled_engine(tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.parametrize("network", ["none", "host"])
 def test_a_stalled_engine_call_becomes_a_sandbox_error(
-    stalled_engine: str, monkeypatch: pytest.MonkeyPatch, network: str
+    stalled_engine: str, host_settings: Any, network: str
 ) -> None:
-    monkeypatch.setenv(ENV_TIMEOUT, "1")
+    host_settings(engine_call_timeout_s=1)
     config = SandboxConfig(
         run_id="pytest-stall",
         image="sandflow/stalled:latest",
@@ -121,7 +125,83 @@ def test_errors_and_results_pass_through() -> None:
         bounded("inspect", lambda: {}["x"], timeout=5)
 
 
-def test_a_bad_bound_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_TIMEOUT, "soon")
-    with pytest.raises(SandboxError, match=f"{ENV_TIMEOUT}='soon' is not a number"):
-        bounded("inspect", lambda: 1)
+def test_a_bad_bound_is_named(tmp_path: Path) -> None:
+    """The application reads the bound and names it; the library refuses a bound <= 0."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, ENV_TIMEOUT: "soon"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sandflow.cli", "sandbox", "gc", "--run-id", "pytest-none"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "invalid setting engine_call_timeout_s (SANDFLOW_ENGINE_CALL_TIMEOUT_S" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    with pytest.raises(ValueError, match="engine_call_timeout_s=0 must be > 0"):
+        HostSettings(engine_call_timeout_s=0)
+
+
+def test_engine_calls_wait_their_turn_and_are_bounded_from_when_they_are_sent(host_settings: Any) -> None:
+    """Issue #22.6: at most `engine_calls_in_flight` calls go to the engine at once. A call
+    that waits for its turn longer than the bound, while calls ahead of it keep finishing,
+    is not a hung engine: it runs (it once failed as one)."""
+    host_settings(engine_calls_in_flight=1, engine_call_timeout_s=3)
+    gates = [threading.Event() for _ in range(3)]
+    running: list[int] = []
+    most = [0]
+    lock = threading.Lock()
+    results: dict[int, object] = {}
+
+    def call(i: int) -> int:
+        with lock:
+            running.append(i)
+            most[0] = max(most[0], len(running))
+        gates[i].wait(30)
+        with lock:
+            running.remove(i)
+        return i
+
+    def caller(i: int) -> None:
+        try:
+            results[i] = bounded(f"start-{i}", lambda: call(i))
+        except Exception as e:  # noqa: BLE001 - the assertion says which
+            results[i] = e
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)  # in order: 0 runs, 1 and 2 wait
+    time.sleep(2.0)
+    gates[0].set()  # progress at ~2 s
+    time.sleep(2.0)
+    gates[1].set()
+    gates[2].set()  # the last one waited ~4 s, over the 3 s bound, with progress within it
+    for t in threads:
+        t.join(30)
+    assert results == {0: 0, 1: 1, 2: 2}
+    assert most[0] == 1
+
+
+def test_a_queue_behind_calls_that_never_finish_ends_in_engine_timeout(host_settings: Any) -> None:
+    """The engine finishes nothing: a caller that cannot even send its call gives up after
+    the bound, naming the calls in flight (a stuck engine gathers no unbounded threads)."""
+    host_settings(engine_calls_in_flight=1, engine_call_timeout_s=1)
+    stuck = threading.Event()
+    with pytest.raises(EngineTimeout, match="within 1s"):
+        bounded("create_container", lambda: stuck.wait(30))
+    try:
+        with pytest.raises(EngineTimeout, match=r"finished none of its 1 calls in flight within 1s, so start was not sent"):
+            bounded("start", lambda: 1)
+    finally:
+        stuck.set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the stuck call returned: its slot is free again
+        try:
+            assert bounded("inspect", lambda: 7) == 7
+            break
+        except EngineTimeout:
+            time.sleep(0.1)
+    else:
+        raise AssertionError("the slot of the call that returned was never freed")

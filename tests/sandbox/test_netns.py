@@ -161,12 +161,12 @@ def test_holder_is_locked_down_and_labelled(open_docker: Callable[..., DockerSan
 
 
 def test_other_policies_and_the_switch_keep_their_own_namespace(
-    open_docker: Callable[..., DockerSandbox], monkeypatch: pytest.MonkeyPatch
+    open_docker: Callable[..., DockerSandbox], host_settings: Callable[..., object]
 ) -> None:
     host = open_docker("host", network="host")
     assert host._holder is None
     assert host.api.inspect_container(host.container_id)["HostConfig"]["NetworkMode"] == "host"
-    monkeypatch.setenv(netns.ENV_SWITCH, "0")
+    host_settings(netns_reuse=False)  # SANDFLOW_NETNS_REUSE=0, handed in by the application
     off = open_docker("switch-off")
     assert off._holder is None
     assert off.api.inspect_container(off.container_id)["HostConfig"]["NetworkMode"] == "none"

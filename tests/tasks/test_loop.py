@@ -245,3 +245,49 @@ def test_calls_after_submit_are_answered_not_run(scripted_model: ScriptedModel, 
     assert [o.tool_call_id for o in obs] == ["x1", "x2", "x3"]
     assert obs[2].error == "not executed after submit"
     assert [m.get("tool_call_id") for m in result.messages[-3:]] == ["x1", "x2", "x3"]
+
+
+def test_tool_calls_past_the_per_turn_cap_are_answered_not_run(
+    scripted_model: ScriptedModel, clean_box: Sandbox
+) -> None:
+    """Issue #22.9: a message with more calls than `max_tool_calls_per_turn` runs only that
+    many; every call still gets its own tool result, the rest an error the model can read."""
+    calls = [tool_call(BASH, {"command": f"echo {i} >> /testbed/ran"}, f"c{i}") for i in range(7)]
+    scripted_model.push(Reply(tool_calls=calls), bash("cat /testbed/ran"), submit())
+    rec = NullRecorder()
+    limits = Limits(max_tool_calls_per_turn=3)
+    result = run_episode(task(), fast_model(scripted_model), recorder=rec, sandbox=clean_box, limits=limits)
+    assert result.record.termination == "submitted"
+    obs = rec.turns[0].observations
+    assert [o.tool_call_id for o in obs] == [f"c{i}" for i in range(7)]
+    assert [o.error for o in obs] == [None] * 3 + ["over the tool-call limit"] * 4
+    assert "at most 3 tool calls run per message (7 were sent)" in obs[3].content
+    # only the first three ran; the next turn's calls run again (the cap is per turn)
+    assert rec.turns[1].observations[0].content == "0\n1\n2\n[exit code: 0]"
+    # the chat stays valid: one tool message per call id, in order, before the next request
+    sent = scripted_model.requests[1]["messages"]
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == [f"c{i}" for i in range(7)]
+
+
+def test_tool_results_past_the_per_turn_byte_budget_are_clipped_then_refused(
+    scripted_model: ScriptedModel, clean_box: Sandbox
+) -> None:
+    """Issue #22.9: a turn's tool results hold at most `max_observation_bytes_per_turn`
+    bytes: the result that crosses it is clipped (head and tail kept, a notice), the calls
+    after it are not run."""
+    big = "python3 -c 'print(\"é\" * 1500)'; echo {i} >> /testbed/ran"  # 3,000 bytes of output
+    calls = [tool_call(BASH, {"command": big.format(i=i)}, f"b{i}") for i in range(4)]
+    scripted_model.push(Reply(tool_calls=calls), bash("cat /testbed/ran"), submit())
+    rec = NullRecorder()
+    limits = Limits(max_tool_calls_per_turn=10, max_observation_bytes_per_turn=5000)
+    result = run_episode(task(), fast_model(scripted_model), recorder=rec, sandbox=clean_box, limits=limits)
+    assert result.record.termination == "submitted"
+    obs = rec.turns[0].observations
+    assert not obs[0].truncated and obs[0].content.count("é") == 1500
+    assert obs[1].truncated and "bytes omitted, this message's tool results reached 5000 bytes" in obs[1].content
+    assert obs[1].content.endswith("[exit code: 0]")  # the tail is kept
+    assert [o.error for o in obs[2:]] == ["over the observation budget"] * 2
+    assert "reached 5000 bytes" in obs[2].content
+    sizes = [len(o.content.encode()) for o in obs[:2]]
+    assert sum(sizes) < 5000 + 200, sizes  # the budget plus one notice
+    assert rec.turns[1].observations[0].content == "0\n1\n[exit code: 0]"

@@ -1,0 +1,82 @@
+"""`sandflow export hf`: a run and an RL set become dataset folders that
+`datasets.load_dataset(DIR)` loads offline, with the warehouse's rows and a card."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.rollouts import episode_messages
+from tests.interop.conftest import RealRun, run_cli
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def test_run_as_dataset(real_run: RealRun, run_data: Any, tmp_path: Path) -> None:
+    from datasets import load_dataset
+
+    out = tmp_path / "ds"
+    res = run_cli("export", "hf", real_run.run_id, "--out", str(out), "-w", str(real_run.warehouse))
+    assert res.exit_code == 0, res.output
+    assert "hf: 6 episodes -> 3 files" in res.output and "not carried over: per-turn prompt token ids" in res.output
+    ds = load_dataset(str(out), cache_dir=str(tmp_path / "cache"))
+    assert sorted(ds) == ["llm", "sandbox"]
+    by_id = {e.episode_id: e for e in run_data.episodes}
+    for split in ds.values():
+        assert len(split) == 3
+        for row in split:
+            ep = by_id[row["episode_id"]]
+            turns = run_data.turns_of(ep.episode_id)
+            assert row["mode"] == ep.mode and row["task_id"] == ep.task_id
+            assert row["messages"] == episode_messages(ep, turns)
+            assert row["num_tool_calls"] == sum(len(t.tool_calls) for t in turns)
+            assert [r["exit_code"] for r in row["tool_results"]] == [o.exit_code for t in turns for o in t.observations]
+            assert row["score"] == run_data.scores[ep.episode_id].score and row["ground_truth"] == "42"
+            assert (row["prompt_tokens"], row["completion_tokens"]) == (ep.prompt_tokens, ep.completion_tokens)
+            assert row["turn_completion_tokens"] == [t.usage.completion_tokens for t in turns]
+            assert row["completion_token_ids"] == [t.completion_token_ids for t in turns]
+            assert row["completion_logprobs"] == [t.completion_logprobs for t in turns]
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\nconfigs:") and real_run.run_id in card
+    assert "| sandbox | 3 | 0 | 3 | 2 | 0.6667 |" in card  # counts: t1's answer was wrong
+    assert "| completion_logprobs |" in card and "task set content hash" in card
+
+
+def test_rl_set_as_dataset(real_run: RealRun, tmp_path: Path) -> None:
+    from datasets import load_dataset
+
+    from flows.rollouts import rollouts_flow
+
+    rl = tmp_path / "rl"
+    made = rollouts_flow(run_id=real_run.run_id, warehouse=str(real_run.warehouse), out_dir=str(rl))
+    out = tmp_path / "ds"
+    res = run_cli("export", "hf", str(rl), "--out", str(out))
+    assert res.exit_code == 0, res.output
+    default = load_dataset(str(out), split="train", cache_dir=str(tmp_path / "cache"))  # the default config: trajectories
+    assert len(default) == made["exported"] == 6 and "loss_mask" in default.column_names
+    tokens = load_dataset(str(out), "tokens", split="train", cache_dir=str(tmp_path / "cache"))
+    assert len(tokens) == made["token_rows"] > 0
+    taskset = load_dataset(str(out), "taskset", split="train", cache_dir=str(tmp_path / "cache"))
+    assert len(taskset) == 3
+    card = (out / "README.md").read_text()
+    assert real_run.run_id in card and "## Schema: tokens" in card
+
+
+def test_bad_sources_and_offline_push(real_run: RealRun, tmp_path: Path) -> None:
+    res = run_cli("export", "hf", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and "is a folder but not an RL set" in res.output
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "trajectories.parquet").write_text("not parquet")
+    res = run_cli("export", "hf", str(tmp_path / "fake"), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and "trajectories.parquet: not a readable Parquet file" in res.output
+    res = run_cli("export", "hf", "no-such-run", "--out", str(tmp_path / "o"), "-w", str(real_run.warehouse))
+    assert res.exit_code == 2 and "no-such-run" in res.output
+    # --push calls the hub client, and only then: offline (the suite's HF_HUB_OFFLINE=1) it
+    # fails in one sentence after the folder was written
+    out = tmp_path / "ds"
+    res = run_cli("export", "hf", real_run.run_id, "--out", str(out), "-w", str(real_run.warehouse), "--push", "me/sandflow-test")
+    assert res.exit_code == 1, res.output
+    assert "upload of" in res.output and "'me/sandflow-test' failed" in res.output and "Traceback" not in res.output
+    assert (out / "README.md").is_file()

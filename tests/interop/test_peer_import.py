@@ -1,0 +1,177 @@
+"""`sandflow import llm-in-sandbox`: the real peer's output folders become a scored run.
+
+The slow test runs the real peer package (llm-in-sandbox 0.2.0, installed as
+benchmarks/peer.py installs it) against the scripted model on the same three tasks as
+the session's sandflow run, in both of its modes, imports both folders as one run, and
+checks episodes, turns, tool calls and scores against the peer's own files, then pairs
+the run with the sandflow run in `sandflow compare`. The others feed the importer
+hand-made folders in the peer's format: malformed fields, hostile problem ids, limits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.interop.conftest import RealRun, answer_of, run_cli, tasks
+from tests.scripted_model import Reply, ScriptedModel, text_reply, tool_reply
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def peer_solver(body: dict, index: int) -> Reply:
+    """The peer's loop: look, write /testbed/answer.txt (its demo config's output dir), submit."""
+    answer = answer_of(body)
+    if not body.get("tools"):
+        return text_reply(answer)
+    done = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+    steps = [
+        ("execute_bash", {"command": "ls /testbed"}),
+        ("execute_bash", {"command": f"echo {answer} > /testbed/answer.txt"}),
+        ("submit", {}),
+    ]
+    name, args = steps[min(done, 2)]
+    return tool_reply(name, args)
+
+
+def _run_peer(work: Path) -> Path:
+    import docker
+
+    from benchmarks.peer import DEFAULT_VENV, PEER_IMAGE, PEER_TASK, ensure_peer, install_peer_task
+    from sandbox.image import DEFAULT_SPEC
+
+    docker.from_env().images.get(DEFAULT_SPEC.tag).tag(*PEER_IMAGE.split(":"))  # as the benchmark does
+    exe = ensure_peer(DEFAULT_VENV)
+    rows = [{k: t.model_dump()[k] for k in ("id", "domain", "problem_statement", "ground_truth", "input_files")} for t in tasks()]
+    install_peer_task(DEFAULT_VENV, rows, work)
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", OPENAI_API_KEY="sk-none")
+    with ScriptedModel(default=peer_solver, models=("scripted",)) as model:
+        for mode in ("llm-in-sandbox", "llm"):
+            cmd = [str(exe), "benchmark", "--task", PEER_TASK, "--llm_name", "openai/scripted", "--llm_base_url", model.url,
+                   "--num_workers", "2", "--max_steps", "6", "--output_dir", str(work / "out"), "--temperature", "0.0", "--mode", mode]  # fmt: skip
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+            assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    return work / "out"
+
+
+@pytest.mark.slow
+def test_real_peer_output_becomes_a_scored_run(real_run: RealRun, tmp_path: Path) -> None:
+    out = _run_peer(tmp_path)
+    folders = sorted(p for p in out.iterdir() if p.is_dir())
+    assert len(folders) == 2  # <stamp>_sandflow_peer_openai_scripted_{LLMinSandbox,vanillaLLM}
+    rid = "peer-import-test"
+    res = run_cli("import", "llm-in-sandbox", str(out), "--tasks", str(real_run.task_set), "--run-id", rid, "-w", str(real_run.warehouse))
+    assert res.exit_code == 0, res.output
+    assert f"import llm-in-sandbox: 2 folder(s) in {out} -> 6 episodes of run {rid}" in res.output
+    assert "not carried over: system prompt (not in the peer's output) (3 episodes), token counts (the peer records none) (6 episodes)" in res.output
+    assert f"run {rid}: 6 scored by sandflow's verifiers (6 agree with the peer's reward, 0 differ)" in res.output
+
+    from warehouse import Warehouse
+
+    data = Warehouse(real_run.warehouse).load_run(rid)
+    assert sorted((e.task_id, e.mode) for e in data.episodes) == sorted((f"t{i}", m) for i in range(3) for m in ("sandbox", "llm"))
+    sandbox_folder = next(f for f in folders if f.name.endswith("LLMinSandbox"))
+    peer = json.loads((sandbox_folder / "trajectory.json").read_text())
+    for e in data.episodes:
+        turns = data.turns_of(e.episode_id)
+        assert e.answer == ("41" if e.task_id == "t1" else "42")
+        assert data.scores[e.episode_id].score == (0.0 if e.task_id == "t1" else 1.0)
+        assert e.termination == "submitted" and e.model == "openai/scripted"
+        if e.mode == "llm":
+            assert len(turns) == 1 and turns[0].assistant_content == e.answer
+            continue
+        steps = peer[e.task_id]["trajectory"]
+        assert len(turns) == len(steps) == 3
+        for t, s in zip(turns, steps, strict=True):
+            assert [c.name for c in t.tool_calls] == [s["action"]["function"]]
+            assert json.loads(t.tool_calls[0].arguments) == s["action"]["parameters"]
+            assert [o.content for o in t.observations] == [s["observation"]]
+        assert turns[0].observations[0].exit_code == 0  # parsed from the peer's "Exit code: 0"
+        assert e.prompt_messages == [{"role": "user", "content": peer[e.task_id]["problem_statement"]}]
+    # the same tasks, paired with the sandflow run task by task (same task set hash)
+    res = run_cli("compare", real_run.run_id, rid, "-w", str(real_run.warehouse), "--json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)["rows"]
+    math = [r for r in rows if r["domain"] == "math"]
+    assert sorted(r["mode"] for r in math) == ["llm", "sandbox"]
+    for r in math:  # every task paired, both sides 2 of 3 right (t1 wrong in both)
+        assert (r["tasks"], r["unmatched"], r["before"], r["after"], r["down"], r["up"]) == (3, 0, 66.7, 66.7, 0, 0), r
+
+
+# ------------------------------------------------------------------ hand-made peer folders
+def _peer_folder(root: Path, problems: dict[str, Any], *, mode: str = "llm-in-sandbox") -> Path:
+    folder = root / "20261126_025517_math_openai_scripted_LLMinSandbox"
+    (folder / "logs").mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"config": {"mode": mode, "llm_name": "openai/x", "max_steps": 6}, "task": "math", "total": len(problems)}))
+    (folder / "trajectory.json").write_text(json.dumps(problems))
+    return folder
+
+
+def _problem(answer: str = "42", reward: Any = 1.0) -> dict[str, Any]:
+    step = {"thought": "", "reasoning_content": "", "action": {"function": "submit", "parameters": {}}, "observation": "<<< Finished >>>", "metadata": {"step": 1, "exec_time": 0.1}}
+    return {"problem_statement": "What is 6*7?", "trajectory": [step], "reward": reward, "agent_answer": answer, "ground_truth": "42"}
+
+
+def test_malformed_peer_output_is_refused_before_any_work(tmp_path: Path) -> None:
+    wh = tmp_path / "wh"
+    folder = _peer_folder(tmp_path, {"p0": _problem(), "p1": _problem(reward="high")})
+    res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
+    assert res.exit_code == 2, res.output
+    assert "problem 'p1': reward must be a number, got str" in res.output and "Traceback" not in res.output
+    assert not wh.exists()  # nothing written
+    (folder / "trajectory.json").write_text("[1, 2")
+    res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
+    assert res.exit_code == 2 and "trajectory.json: not valid JSON" in res.output
+    res = run_cli("import", "llm-in-sandbox", str(tmp_path / "wh-nothing"), "-w", str(wh))
+    assert res.exit_code == 2 and "is not a folder" in res.output
+    (tmp_path / "empty").mkdir()
+    res = run_cli("import", "llm-in-sandbox", str(tmp_path / "empty"), "-w", str(wh))
+    assert res.exit_code == 2 and "holds no llm-in-sandbox output" in res.output
+
+
+def test_size_limit_is_checked_before_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import interop.peer_import as peer_import
+
+    folder = _peer_folder(tmp_path, {"p0": _problem()})
+    monkeypatch.setattr(peer_import, "MAX_TRAJECTORY_BYTES", 100)
+    res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(tmp_path / "wh"))
+    assert res.exit_code == 2 and "is over the limit of 100 bytes" in res.output
+
+
+def test_hostile_problem_ids_never_reach_outside_files(tmp_path: Path) -> None:
+    """A problem id names its log file: only a plain name inside logs/ is ever opened, so
+    `../x` or a symlinked log cannot make the importer read another file (here: one whose
+    ERROR line would turn the episode into an infrastructure failure)."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("Problem ID: x\nERROR: read from outside the folder\n")
+    folder = _peer_folder(tmp_path, {"../../outside": _problem(), "p/../../outside": _problem(), "plink": _problem(), "perr": _problem(answer="")})
+    (folder / "logs" / "plink.txt").symlink_to(outside)
+    (folder / "logs" / "perr.txt").write_text("Problem ID: perr\nERROR: litellm.APIConnectionError: refused\nGround Truth: 42\n")
+    wh = tmp_path / "wh"
+    res = run_cli("import", "llm-in-sandbox", str(folder), "--run-id", "hostile", "-w", str(wh))
+    assert res.exit_code == 0, res.output
+    from warehouse import Warehouse
+
+    data = Warehouse(wh).load_run("hostile")
+    by_task = {e.task_id: e for e in data.episodes}
+    for pid in ("../../outside", "p/../../outside", "plink"):
+        assert by_task[pid].termination == "submitted" and by_task[pid].error is None
+        assert data.scores[by_task[pid].episode_id].score == 1.0
+    assert by_task["perr"].termination == "model_error" and "APIConnectionError" in (by_task["perr"].error or "")
+    assert by_task["perr"].episode_id not in data.scores  # infrastructure: never graded
+    # the hostile ids export to files inside the output folder only
+    out = tmp_path / "atif"
+    res = run_cli("export", "atif", "hostile", "-o", str(out), "-w", str(wh))
+    assert res.exit_code == 0, res.output
+    assert len(list(out.iterdir())) == 4 and not (tmp_path / "outside.json").exists()
+    res = run_cli("export", "inspect", "hostile", "-o", str(tmp_path / "logs"), "-w", str(wh))
+    assert res.exit_code == 0, res.output
+    from inspect_ai.log import read_eval_log
+
+    log = read_eval_log(str(tmp_path / "logs" / "hostile_sandbox.eval"))
+    assert sorted(s.id for s in log.samples) == sorted(by_task)
