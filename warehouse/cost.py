@@ -195,7 +195,9 @@ _COST_BY_MODE = """
            sum(unpriced_turns) AS unpriced_turns,
            CASE WHEN count(cost_usd) < count(*) THEN NULL ELSE sum(cost_usd) END AS cost_usd,
            CASE WHEN count(cost_usd) < count(*) THEN NULL ELSE sum(cost_usd) / count(*) END
-               AS cost_per_episode
+               AS cost_per_episode,
+           round(sum(sandbox_cpu_s), 2) AS sandbox_cpu_s,
+           round(max(sandbox_peak_memory_bytes) / 1048576, 1) AS sandbox_peak_mib
     FROM episode_cost WHERE run_id = '{run_id}'
     GROUP BY ROLLUP (mode) ORDER BY mode NULLS LAST
 """

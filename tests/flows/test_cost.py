@@ -126,6 +126,7 @@ def test_run_cost_to_the_cent_per_turn_episode_and_run(tmp_path: Path, priced_mo
     assert "| sandbox | 2 | 8 |" in md and "| 1.8000 | 0.9000 |" in md
     assert "| llm | 2 | 2 |" in md and "| 0.4500 | 0.2250 |" in md
     assert "| (all) | 4 | 10 |" in md and "| 2.2500 | 0.5625 |" in md
+    assert "| sandbox_cpu_s | sandbox_peak_mib |" in md  # the sandbox side beside the dollars
     # the SQL and the library's one formula agree
     from tasks.pricing import load_prices
 
