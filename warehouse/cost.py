@@ -124,31 +124,27 @@ COST_VIEWS: dict[str, str] = {
         FROM turns t JOIN episodes e USING (run_id, episode_id)
         LEFT JOIN _run_prices p ON p.run_id = t.run_id AND p.model = e.model
     """,
+    # Tokens as `episode_tokens` counts them (one definition); cost from the turns. An
+    # episode with tokens but no turn rows (its turns file is lost) is unknown, not free.
     "episode_cost": """
         WITH t AS (
-            SELECT run_id, episode_id, count(*) AS turns,
+            SELECT run_id, episode_id,
                    count(*) FILTER (WHERE cost_usd IS NULL) AS unpriced_turns,
-                   sum(cost_usd) AS known_cost_usd,
-                   sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
-                   sum(coalesce(completion_tokens, 0)) AS completion_tokens,
-                   sum(cached_tokens) AS cached_tokens,
-                   sum(reasoning_tokens) AS reasoning_tokens
+                   sum(cost_usd) AS known_cost_usd
             FROM turn_cost GROUP BY run_id, episode_id
         )
-        SELECT e.run_id, e.episode_id, e.task_id, e.domain, e.mode, e.sample_index, e.model,
-               e.termination,
-               coalesce(t.turns, 0) AS turns,
-               coalesce(t.prompt_tokens, 0) AS prompt_tokens,
-               coalesce(t.completion_tokens, 0) AS completion_tokens,
-               coalesce(t.cached_tokens, 0) AS cached_tokens,
-               coalesce(t.reasoning_tokens, 0) AS reasoning_tokens,
-               CASE WHEN p.run_id IS NULL THEN coalesce(t.turns, 0)
+        SELECT k.run_id, k.episode_id, k.task_id, k.domain, k.mode, e.sample_index, k.model,
+               k.termination, k.turns, k.prompt_tokens, k.completion_tokens, k.cached_tokens,
+               k.reasoning_tokens,
+               CASE WHEN p.run_id IS NULL THEN k.turns
                     ELSE coalesce(t.unpriced_turns, 0) END AS unpriced_turns,
                CASE WHEN p.run_id IS NULL OR coalesce(t.unpriced_turns, 0) > 0 THEN NULL
+                    WHEN t.run_id IS NULL AND coalesce(k.total_tokens, 0) > 0 THEN NULL
                     ELSE coalesce(t.known_cost_usd, 0.0) END AS cost_usd,
                e.sandbox_cpu_s, e.sandbox_peak_memory_bytes
-        FROM episodes e LEFT JOIN t USING (run_id, episode_id)
-        LEFT JOIN _run_prices p ON p.run_id = e.run_id AND p.model = e.model
+        FROM episode_tokens k JOIN episodes e USING (run_id, episode_id)
+        LEFT JOIN t USING (run_id, episode_id)
+        LEFT JOIN _run_prices p ON p.run_id = k.run_id AND p.model = k.model
     """,
     "run_cost": """
         SELECT r.run_id,
