@@ -80,8 +80,8 @@ def _outcome(wh: Path, run_id: str, episodes: int) -> tuple[int, int]:
 
 
 def floor_pass(ts_tasks: list[Any], model: ScriptedModel, wh: Path, run_id: str, concurrency: int) -> float:
-    from flows.episode import run_one
-    from flows.run import plan
+    from engine.episode import run_one
+    from engine.plan import plan
     from tasks.spec import RunSpec
 
     specs = plan(ts_tasks, run_id, "sandbox", 1)

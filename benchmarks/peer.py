@@ -295,7 +295,8 @@ def _flow(
 def run_plain(taskset: Path, url: str, workers: int, turns: int, warehouse: Path) -> float:
     """The same episodes without Prefect: a thread pool over flows.episode.run_one."""
     from datasets_prep.io import read_taskset
-    from flows.episode import EpisodeSpec, run_one
+    from engine.episode import run_one
+    from engine.plan import EpisodeSpec
     from tasks.spec import RunSpec
 
     ts = read_taskset(taskset)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandbox.base import SandboxConfig, SandboxLimits
 from sandbox.netpolicy import PolicyError, parse_network
+from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
 from tasks.loop import Limits
 from tasks.model import ModelConfig, api_key_from_env
 
@@ -52,8 +53,8 @@ class RunSpec(BaseModel):
     logprobs: bool = False
     return_token_ids: bool = False
     # each episode's limits
-    max_steps: int = 30
-    wall_clock_s: float = 900.0
+    max_steps: int = DEFAULT_MAX_STEPS
+    wall_clock_s: float = DEFAULT_WALL_CLOCK_S
     exec_timeout_s: float | None = None
     context_tokens: int | None = None
     prompt_dir: str | None = None

@@ -18,6 +18,7 @@ import typer
 
 from sandflow.commands.network_option import network_option
 from sandflow.errors import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_USAGE, fail
+from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
 
 
 class ModeChoice(StrEnum):
@@ -202,11 +203,11 @@ def register(app: typer.Typer) -> None:
         ),
         mode: ModeChoice = typer.Option(ModeChoice.sandbox, "--mode", help="sandbox: tools in a sandbox; llm: one plain call (the baseline)."),
         domain: str = typer.Option("general", "--domain", help="Prompt set: general, math, physics, chem, biomed, long_context, instruct_follow."),
-        max_steps: int = typer.Option(30, "--max-steps", min=1, help="Turns before the episode ends with max_steps."),
+        max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1, help="Turns before the episode ends with max_steps."),
         temperature: float | None = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (default 0.7)."),
         max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Completion tokens per call (default 2048)."),
         context_tokens: int | None = typer.Option(None, "--context-tokens", min=256, help="Token budget of one request (prompt + completion)."),
-        wall_clock: float = typer.Option(1800.0, "--wall-clock", min=1.0, help="Seconds for the whole episode."),
+        wall_clock: float = typer.Option(DEFAULT_WALL_CLOCK_S, "--wall-clock", min=1.0, help="Seconds for the whole episode."),
         exec_timeout: float | None = typer.Option(None, "--exec-timeout", min=1.0, help="Seconds per shell command (default: the sandbox's 120)."),
         request_timeout: float | None = typer.Option(None, "--request-timeout", min=1.0, help="Seconds per model request (default 120)."),
         backend: BackendChoice | None = typer.Option(None, "--backend", help="Sandbox backend (default docker)."),

@@ -27,6 +27,7 @@ from sandflow.commands.durability_option import (
 )
 from sandflow.commands.network_option import network_option
 from sandflow.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REGRESSION, console, fail
+from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S, EMBEDDED_MODEL_MAX_STEPS
 
 flows_app = typer.Typer(
     help=(
@@ -171,7 +172,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from datasets_prep.suites import UnknownSuite
     from datasets_prep.task import TaskValidationError
     from datasets_prep.verifiers import VerifierError
-    from flows.run import RunConfigError
+    from engine.plan import RunConfigError
     from flows.score import ScoreError
     from warehouse import WarehouseError
 
@@ -330,13 +331,16 @@ def bench(
     max_sandboxes: int = typer.Option(None, "--max-sandboxes", min=1, help="Live sandboxes at once (default: --concurrency)."),
     max_model_calls: int = typer.Option(None, "--max-model-calls", min=1, help="Concurrent model calls (default: unbounded)."),
     max_steps: int = typer.Option(
-        None, "--max-steps", min=1, help="Turns per sandbox episode (default 30; 4 with the embedded model)."
+        None, "--max-steps", min=1,
+        help=f"Turns per sandbox episode (default {DEFAULT_MAX_STEPS}; {EMBEDDED_MODEL_MAX_STEPS} with the embedded model).",
     ),
     max_tokens: int = typer.Option(
         None, "--max-tokens", min=1,
         help="Completion tokens per call (default SANDFLOW_MAX_TOKENS or 2048; 256 with the embedded model).",
     ),
-    wall_clock_s: float = typer.Option(900.0, "--wall-clock", help="Seconds per episode, model and tools together."),
+    wall_clock_s: float = typer.Option(
+        DEFAULT_WALL_CLOCK_S, "--wall-clock", help="Seconds per episode, model and tools together."
+    ),
     network: str = network_option(),
     warehouse: str = _WAREHOUSE,
     durability: DurabilityChoice | None = durability_option(),
@@ -388,7 +392,7 @@ def bench(
     # time on the CPU: keep the demo to minutes unless told otherwise (2 cores: a sandbox
     # turn takes ~5-15 s, mostly prompt evaluation).
     if max_steps is None:
-        max_steps = 30 if s.base_url else 4
+        max_steps = DEFAULT_MAX_STEPS if s.base_url else EMBEDDED_MODEL_MAX_STEPS
     if concurrency is None:  # one CPU model server: interleaved episodes would thrash its prefix cache
         concurrency = 4 if s.base_url else 1
     if max_tokens is None:
@@ -525,8 +529,8 @@ def cmd_run(
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1),
     max_sandboxes: int = typer.Option(None, "--max-sandboxes", min=1),
     max_model_calls: int = typer.Option(None, "--max-model-calls", min=1),
-    max_steps: int = typer.Option(30, "--max-steps", min=1),
-    wall_clock_s: float = typer.Option(900.0, "--wall-clock"),
+    max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1),
+    wall_clock_s: float = typer.Option(DEFAULT_WALL_CLOCK_S, "--wall-clock"),
     network: str = network_option(),
     retries: int = typer.Option(2, "--retries", min=0, help="Retries of an episode after an infrastructure failure."),
     warehouse: str = _WAREHOUSE,
