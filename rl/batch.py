@@ -39,7 +39,7 @@ from rl.tokens import assemble
 from rl.toolcalls import FORMATS, TextReply, parse_text_tool_calls
 from sandbox.base import SandboxConfig
 from tasks.loop import EpisodeResult, Limits, run_episode
-from tasks.model import ModelClient, ModelConfig, ModelReply
+from tasks.model import DEFAULT_RETRY_WINDOW_S, ModelClient, ModelConfig, ModelReply
 from tasks.records import EpisodeRecord, Recorder, episode_key
 from warehouse.schema import check_run_id
 
@@ -54,7 +54,12 @@ class Endpoint(BaseModel):
     model: str = Field(..., min_length=1, max_length=500)
     api_key: SecretStr | None = Field(None, exclude=True, repr=False)
     request_timeout_s: float = Field(600.0, gt=0)
-    max_retries: int = Field(4, ge=0, le=20)
+    max_retries: int | None = Field(
+        None, ge=0, le=1000, description="None: retries bounded by retry_window_s only"
+    )
+    retry_window_s: float = Field(
+        DEFAULT_RETRY_WINDOW_S, ge=0, le=3600, description="how long one call's retries go on"
+    )
 
 
 class Sampling(BaseModel):
@@ -176,6 +181,7 @@ class Batch:
             return_token_ids=request.sampling.return_token_ids,
             request_timeout_s=request.endpoint.request_timeout_s,
             max_retries=request.endpoint.max_retries,
+            retry_window_s=request.endpoint.retry_window_s,
             extra_body=request.sampling.extra,
         )
         self.client = TextToolClient(self.model_cfg, request.tool_call_format)
