@@ -458,6 +458,25 @@ def _print_changes(console: Any, report: dict[str, Any]) -> None:
     console.print(_table(sig, f"Significant changes since {prev} (points; Holm-adjusted)"))
 
 
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _exit_if_all_failed(run: dict[str, Any]) -> None:
+    """A run whose episodes all failed (after their retries) never ends with exit 0:
+    one sentence naming how many and the first failure, exit 1 (EXIT_FAILED)."""
+    if not run.get("ran") or run.get("succeeded") or not run.get("failed"):
+        return
+    first = (run.get("failures") or ["?"])[0]
+    raise fail(
+        f"run {run['run_id']}: all {run['failed']} episodes failed (first: {first}); nothing was "
+        f"recorded as a model result. Fix the cause, then resume with --run-id {run['run_id']}",
+        EXIT_FAILED,
+    )
+
+
 def _print_bench(result: dict[str, Any], warehouse: str) -> None:
     console = _console()
     run = result["run"]
@@ -470,7 +489,8 @@ def _print_bench(result: dict[str, Any], warehouse: str) -> None:
         f"{(run['episodes_per_s'] or 0):.2f} episodes/s"
     )
     for f in run.get("failures", [])[:5]:
-        console.print(f"  [red]failed[/] {f}")
+        console.print(f"  [red]failed[/] {escape(f)}", soft_wrap=True, highlight=False)
+    _exit_if_all_failed(run)
     # Accuracy is read back from the report's data so the terminal shows the same numbers.
     from analysis.report import ReportData
     from warehouse import Warehouse
@@ -590,10 +610,11 @@ def cmd_run(
         f"{r['elapsed_s']:.1f}s, {(r['episodes_per_s'] or 0):.2f} episodes/s; terminations {r['terminations']}"
     )
     for f in r["failures"][:10]:
-        c.print(f"  [red]failed[/] {f}")
+        c.print(f"  [red]failed[/] {escape(f)}", soft_wrap=True, highlight=False)
     _print_compaction(c, r.get("compaction"))
     if task_runner == "dask":
         c.print(f"episodes ran in worker pids {r['worker_pids']}", highlight=False)
+    _exit_if_all_failed(r)
     c.print(f"next: sandflow flows score --run-id {r['run_id']}")
 
 
