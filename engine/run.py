@@ -190,7 +190,8 @@ def preflight_model(cfg: Any, model_given: bool) -> Any:
         return preflight(cfg, model_given=model_given)
     except EndpointUnreachable as exc:
         raise RunConfigError(
-            f"cannot reach the model server at {exc.base_url} (is it running? check --base-url)"
+            f"cannot reach the model server at {exc.base_url}: it does not answer "
+            "(is it running? check --base-url)"
         ) from None
     except ModelError as exc:
         raise RunConfigError(str(exc)) from None
