@@ -15,15 +15,7 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from engine import run as engine_run
-from engine.plan import (  # noqa: F401  (the names callers of the flow catch and use)
-    MODES,
-    EpisodeSpec,
-    RunConfigError,
-    RunLockedError,
-    WarehouseFullError,
-    new_run_id,
-    plan,
-)
+from engine.plan import RunConfigError
 from flows.episode import episode_body
 from flows.executor import PrefectExecutor
 from tasks.spec import RunSpec

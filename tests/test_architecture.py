@@ -27,3 +27,13 @@ def test_import_contracts_hold() -> None:
     r = subprocess.run([str(lint)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "0 broken" in r.stdout
+
+
+def test_the_engine_is_under_every_entry_point_and_above_the_episode() -> None:
+    """engine/ (issue #23): below flows/ and rl/ (which run episodes through it), above
+    analysis/ and everything an episode needs; Prefect is forbidden to it."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
+    assert layers.index("rl") < layers.index("engine") < layers.index("analysis")
+    no_prefect = next(c for c in config["contracts"] if "prefect" in c.get("forbidden_modules", []))
+    assert "engine" in no_prefect["source_modules"]

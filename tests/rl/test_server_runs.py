@@ -11,46 +11,15 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from rl.client import RolloutClient
-from rl.server import ServerConfig, create_app
-from sandbox.base import SandboxConfig, SandboxLimits
-from tasks.loop import Limits
-from tests.rl.conftest import containers_of, new_run_id
+from tests.rl.conftest import containers_of, new_run_id, rollout_server
 from tests.rl.test_server import answering, request
 from tests.scripted_model import ScriptedModel
-
-
-@contextmanager
-def rollout_server(wh: Path, reuse: str = "fresh") -> Iterator[tuple[str, Any]]:
-    import uvicorn
-
-    cfg = ServerConfig(
-        warehouse=wh,
-        max_concurrency=8,
-        sandbox=SandboxConfig(limits=SandboxLimits(network="none", memory_mb=512), reuse=reuse),
-        limits=Limits(max_steps=6, wall_clock_s=120),
-        durability="flush",
-    )
-    srv = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert srv.started, "the rollout server did not start"
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", srv
-    finally:
-        srv.should_exit = True
-        thread.join(60)
 
 
 def status_of(wh: Path, run_id: str, within_s: float = 30.0) -> str | None:
