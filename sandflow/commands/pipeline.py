@@ -274,7 +274,7 @@ _WAIT = typer.Option(
 
 def _check_run_free(warehouse: str, run_id: str | None, wait: bool) -> None:
     """Before Prefect starts: refuse at once (or say that we wait) when another process
-    holds this run id. The run flow takes the lock for real (flows.run.hold_run)."""
+    holds this run id. The engine takes the lock for real (engine.run.hold_run)."""
     if not run_id:
         return
     from warehouse.layout import Layout
