@@ -59,8 +59,11 @@ def read_turns(root: Any, run_id: str) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def rollout_server(wh: Path, reuse: str = "fresh") -> Iterator[tuple[str, Any]]:
-    """A real rollout server (uvicorn, a thread) on a free port: (its URL, the server)."""
+def rollout_server(
+    wh: Path, reuse: str = "fresh", graceful_s: float | None = None
+) -> Iterator[tuple[str, Any]]:
+    """A real rollout server (uvicorn, a thread) on a free port: (its URL, the server).
+    graceful_s: streams still open that long after a stop are cut (`serve()` uses 10 s)."""
     import uvicorn
 
     from rl.server import ServerConfig, create_app
@@ -73,7 +76,12 @@ def rollout_server(wh: Path, reuse: str = "fresh") -> Iterator[tuple[str, Any]]:
         limits=Limits(max_steps=6, wall_clock_s=120),
         durability="flush",
     )
-    srv = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=0, log_level="warning"))
+    srv = uvicorn.Server(
+        uvicorn.Config(
+            create_app(cfg), host="127.0.0.1", port=0, log_level="warning",
+            timeout_graceful_shutdown=graceful_s,
+        )
+    )  # fmt: skip
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
