@@ -98,6 +98,7 @@ def pass_at_k_table(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
                     "mode": mode,
                     "k": p.k,
                     "tasks": p.tasks,
+                    "left_out": p.left_out,  # tasks with fewer than k samples
                     "pass_at_k": a["estimate"],
                     "pass_ci_low": a["low"],
                     "pass_ci_high": a["high"],

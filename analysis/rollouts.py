@@ -1,8 +1,8 @@
 """Training-ready RL data from runs, in three shapes (all Parquet, all `datasets`-loadable).
 
-1. Task sets in the shape verl / rllm read for LLM-in-Sandbox-RL style training:
-   `data_source, prompt (chat messages), ability, reward_model {style, ground_truth},
-   extra_info` (task id, input files as JSON, qa type, verifier, split, index).
+1. Task sets in the shape verl / rllm read for LLM-in-Sandbox-RL style training
+   (`export_taskset`; the rows themselves are datasets_prep.rows', the one contract
+   between a row and a Task, which also reads them back).
 2. Trajectories as chat messages with tool calls, one row per episode: a per-message
    loss mask (assistant 1, everything the environment or user said 0), the reward,
    GRPO and RLOO advantages over the samples of the same task and mode, the
@@ -13,7 +13,8 @@
    from the next request's prompt ids (mask 0). That only works if every request
    extends the previous one exactly (the append-only history); an episode where it
    does not, or where counts disagree with the recorded usage, is reported and left
-   out rather than silently re-tokenized.
+   out rather than silently re-tokenized. The assembly is analysis.token_ids', the one
+   the rollout server uses too; `logprobs` is null when a turn came without them.
 
 Infrastructure failures (model_error, sandbox_error, interrupted) are never exported:
 they are not the model's behaviour. Advantages are computed over the group BEFORE the
@@ -23,7 +24,7 @@ over-length filter, so a truncated sample still counts in its group's baseline.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.advantages import group_advantages
+from analysis.token_ids import Detokenize, assemble
+from datasets_prep.rows import row_schema, task_rows
 from datasets_prep.task import Task
 from tasks.records import EpisodeRecord, TurnRecord
 from warehouse.rundata import RunData
@@ -56,40 +59,6 @@ MESSAGE = pa.struct(
         pa.field("name", pa.string()),
     ]
 )
-_PROMPT_MESSAGE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
-
-TASKSET_SCHEMA = pa.schema(
-    [
-        pa.field("data_source", pa.string()),
-        pa.field("prompt", pa.list_(_PROMPT_MESSAGE)),
-        pa.field("ability", pa.string()),
-        pa.field(
-            "reward_model",
-            pa.struct([pa.field("style", pa.string()), pa.field("ground_truth", pa.string())]),
-        ),
-        pa.field(
-            "extra_info",
-            pa.struct(
-                [
-                    pa.field("index", pa.int64()),
-                    pa.field("split", pa.string()),
-                    pa.field("task_id", pa.string()),
-                    pa.field("domain", pa.string()),
-                    pa.field("qa_type", pa.string()),
-                    pa.field("verifier", pa.string()),
-                    pa.field("input_files", pa.string()),  # JSON object name -> text
-                    pa.field("metadata", pa.string()),  # JSON
-                    # The whole task, as LLM-in-Sandbox-RL's rllm environment reads it
-                    # from extra_info (its `prompt` is a placeholder there).
-                    pa.field("id", pa.string()),
-                    pa.field("problem_statement", pa.string()),
-                    pa.field("ground_truth", pa.string()),  # text; JSON for non-strings
-                ]
-            ),
-        ),
-    ]
-)
-
 TRAJECTORY_SCHEMA = pa.schema(
     [
         pa.field("run_id", pa.string()),
@@ -135,59 +104,6 @@ TOKEN_SCHEMA = pa.schema(
 
 class RolloutError(ValueError):
     """The run cannot be exported as asked (no scores, nothing left after filtering...)."""
-
-
-# ----------------------------------------------------------------------- (1) task sets
-def _ground_truth_text(gt: Any) -> str:
-    return gt if isinstance(gt, str) else json.dumps(gt, ensure_ascii=False, default=str)
-
-
-def _files_json(files: dict[str, str | bytes]) -> str:
-    out: dict[str, str] = {}
-    for name, content in files.items():
-        out[name] = content.decode("utf-8", "replace") if isinstance(content, bytes) else content
-    return json.dumps(out, ensure_ascii=False)
-
-
-PromptFn = Callable[[Task], list[dict[str, Any]]]
-
-
-def taskset_rows(
-    tasks: Iterable[Task], prompt_fn: PromptFn, *, source: str = "sandflow", split: str = "train"
-) -> list[dict[str, Any]]:
-    """verl/rllm rows. `prompt_fn(task)` gives the chat messages the policy starts from.
-
-    `extra_info` carries the whole task (id, problem_statement, ground_truth, domain,
-    input_files as JSON, qa_type): LLM-in-Sandbox-RL's environment builds its episode and
-    its reward from there alone.
-    """
-    rows = []
-    for i, t in enumerate(tasks):
-        messages = [
-            {"role": str(m.get("role")), "content": str(m.get("content") or "")} for m in prompt_fn(t)
-        ]
-        rows.append(
-            {
-                "data_source": f"{source}/{t.domain}",
-                "prompt": messages,
-                "ability": t.domain,
-                "reward_model": {"style": "rule", "ground_truth": _ground_truth_text(t.ground_truth)},
-                "extra_info": {
-                    "index": i,
-                    "split": split,
-                    "task_id": t.id,
-                    "domain": t.domain,
-                    "qa_type": t.qa_type,
-                    "verifier": t.verifier,
-                    "input_files": _files_json(t.input_files),
-                    "metadata": json.dumps(t.metadata, ensure_ascii=False, default=str),
-                    "id": t.id,
-                    "problem_statement": t.problem_statement,
-                    "ground_truth": _ground_truth_text(t.ground_truth),
-                },
-            }
-        )
-    return rows
 
 
 # -------------------------------------------------------------------- (2) trajectories
@@ -372,69 +288,6 @@ def trajectory_rows(
 
 
 # ------------------------------------------------------------------- (3) token level
-Detokenize = Callable[[list[int]], str]
-
-
-def token_sequence(
-    turns: Sequence[TurnRecord], detokenize: Detokenize | None = None
-) -> tuple[list[int], list[int], list[int], list[float]]:
-    """(prompt_ids, response_ids, response_mask, logprobs) of one episode, checked.
-
-    Raises ValueError naming the turn when the recorded tokens disagree with the
-    recorded usage or text, or when a request does not extend the previous one.
-    """
-    if not turns:
-        raise ValueError("no turns")
-    for t in turns:
-        if t.prompt_token_ids is None or t.completion_token_ids is None:
-            raise ValueError(f"turn {t.turn_index}: no token ids recorded")
-        if t.usage.prompt_tokens is not None and len(t.prompt_token_ids) != t.usage.prompt_tokens:
-            raise ValueError(
-                f"turn {t.turn_index}: {len(t.prompt_token_ids)} prompt ids but usage says "
-                f"{t.usage.prompt_tokens}"
-            )
-        if t.usage.completion_tokens is not None and len(t.completion_token_ids) != t.usage.completion_tokens:
-            raise ValueError(
-                f"turn {t.turn_index}: {len(t.completion_token_ids)} completion ids but usage says "
-                f"{t.usage.completion_tokens}"
-            )
-        if t.completion_logprobs is not None and len(t.completion_logprobs) != len(t.completion_token_ids):
-            raise ValueError(
-                f"turn {t.turn_index}: {len(t.completion_logprobs)} logprobs for "
-                f"{len(t.completion_token_ids)} completion ids"
-            )
-        if detokenize is not None and t.assistant_content:
-            text = detokenize(list(t.completion_token_ids))
-            if t.assistant_content.strip() not in text:
-                raise ValueError(
-                    f"turn {t.turn_index}: completion ids decode to text that does not contain the "
-                    "recorded assistant content (re-tokenization drift)"
-                )
-    prompt = list(turns[0].prompt_token_ids or [])
-    response: list[int] = []
-    mask: list[int] = []
-    logprobs: list[float] = []
-    seen = list(prompt)
-    for i, t in enumerate(turns):
-        p = list(t.prompt_token_ids or [])
-        if p[: len(seen)] != seen:
-            raise ValueError(
-                f"turn {t.turn_index}: its prompt ids do not extend the previous request "
-                "(history not append-only, or the server re-tokenized it)"
-            )
-        if i > 0:
-            env = p[len(seen) :]
-            response += env
-            mask += [0] * len(env)
-            logprobs += [0.0] * len(env)
-        c = list(t.completion_token_ids or [])
-        response += c
-        mask += [1] * len(c)
-        logprobs += list(t.completion_logprobs) if t.completion_logprobs is not None else [0.0] * len(c)
-        seen = p + c
-    return prompt, response, mask, logprobs
-
-
 def token_rows(
     data: RunData,
     *,
@@ -449,13 +302,14 @@ def token_rows(
     rows = []
     for e, a_g, a_r in zip(eps, grpo, rloo, strict=True):
         turns = data.turns_of(e.episode_id)
-        if not turns or any(t.completion_token_ids is None for t in turns):
+        tokens = assemble(turns, detokenize)
+        if tokens.status == "missing":
             continue
-        try:
-            prompt, response, mask, lps = token_sequence(turns, detokenize)
-        except ValueError as exc:
-            stats.token_mismatches.append(f"{e.episode_id}: {exc}")
+        if not tokens.exact:
+            stats.token_mismatches.append(f"{e.episode_id}: {tokens.status}")
             continue
+        prompt, response = tokens.prompt_ids or [], tokens.response_ids or []
+        mask, lps = tokens.response_mask or [], tokens.response_logprobs
         long = is_overlong(e, turns, max_seq_tokens)
         if long and overlong == "drop":
             continue
@@ -504,5 +358,6 @@ def sandbox_prompt(task: Task) -> list[dict[str, Any]]:
 
 
 def export_taskset(ts: Any, path: Path, source: str = "sandflow") -> Path:
-    """A task set as verl/rllm rows whose prompts are the sandbox episode's own."""
-    return write_rows(taskset_rows(ts.tasks, sandbox_prompt, source=source), TASKSET_SCHEMA, path)
+    """A task set as verl/rllm rows (datasets_prep.rows, the one row contract) whose
+    prompts are the sandbox episode's own."""
+    return write_rows(task_rows(ts.tasks, sandbox_prompt, source=source), row_schema(), path)

@@ -232,9 +232,24 @@ def pass_at_k(n: ArrayLike, c: ArrayLike, k: int) -> NDArray[np.float64]:
 @dataclass(frozen=True)
 class PassAtK:
     k: int
-    tasks: int  # tasks with at least k samples
+    tasks: int  # tasks with at least k samples (the ones the estimate is over)
     pass_at_k: Interval
     mean_at_k: Interval
+    left_out: int = 0  # tasks with fewer than k samples: not in the estimate
+    note: str | None = None  # why tasks were left out, naming the sample counts
+
+
+def _left_out_note(k: int, n: NDArray[np.int64], use: NDArray[np.bool_]) -> str | None:
+    """The sentence a pass@k row carries when tasks have fewer than k samples."""
+    if use.all():
+        return None
+    most = int(n.max())
+    if not use.any():
+        return (f"no task has {k} samples (the most any task has is {most}): pass@{k} needs at "
+                f"least {k} samples per task")
+    fewer = int((~use).sum())
+    return (f"{fewer} of {len(n)} tasks have fewer than {k} samples (as few as {int(n.min())}) and "
+            f"are left out: pass@{k} needs at least {k} samples per task")
 
 
 def pass_at_k_curve(
@@ -249,8 +264,10 @@ def pass_at_k_curve(
 ) -> list[PassAtK]:
     """pass@k and mean@k for k = 1 .. the most samples any task has (or `ks`).
 
-    At each k only tasks with at least k samples count (the estimator needs n >= k);
-    intervals resample tasks. `scores` (default: `passed` as 0/1) gives mean@k.
+    At each k only tasks with at least k samples count (the estimator needs n >= k); such
+    a row says how many tasks it left out and why (`left_out`, `note`). A k in `ks` that no
+    task has samples for gives a row with no estimate and a note naming the sample counts,
+    never silence. Intervals resample tasks. `scores` (default: `passed` as 0/1) gives mean@k.
     """
     ok = np.asarray(passed, dtype=float)
     sc = ok if scores is None else np.asarray(scores, dtype=float)
@@ -263,8 +280,13 @@ def pass_at_k_curve(
     wanted = list(ks) if ks is not None else list(range(1, int(n_int.max()) + 1))
     out = []
     for k in wanted:
+        if k < 1:
+            raise ValueError(f"k = {k}: must be at least 1")
         use = n_int >= k
+        note = _left_out_note(k, n_int, use)
         if not use.any():
+            none = Interval(None, None, None, None, 0, 0, "no task has enough samples", level)
+            out.append(PassAtK(k=k, tasks=0, pass_at_k=none, mean_at_k=none, left_out=len(tasks), note=note))
             continue
         ids = [t for t, u in zip(tasks, use, strict=True) if u]
         values = pass_at_k(n_int[use], c_int[use], k)
@@ -279,6 +301,8 @@ def pass_at_k_curve(
                 mean_at_k=mean_interval(
                     means, ids, level=level, n_resamples=n_resamples, seed=seed
                 ),
+                left_out=len(tasks) - len(ids),
+                note=note,
             )
         )
     return out

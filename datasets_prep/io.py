@@ -20,19 +20,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from datasets_prep import limits as L
-from datasets_prep.task import (
-    Task,
-    TaskSet,
-    TaskValidationError,
-    decode_maybe_bytes,
-    encode_bytes,
-    make_task,
-)
+from datasets_prep.rows import peer_row, task_from_row
+from datasets_prep.task import Task, TaskSet, encode_bytes
 
 FORMAT_KEY = b"sandflow.taskset"
 FORMAT_VERSION = 1
 PEER_COLUMNS = ("id", "domain", "problem_statement", "ground_truth", "input_files", "qa_type")
-TASK_FIELDS = frozenset(Task.model_fields)
 
 Format = Literal["parquet", "jsonl"]
 
@@ -96,99 +89,12 @@ def atomic_write(path: Path, write: Any) -> None:
         raise
 
 
-# ------------------------------------------------------------------ row normalising
-def _text_field(value: Any, where: str, field: str) -> Any:
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise TaskValidationError(
-                f"{where}: {field}: not valid UTF-8 (byte 0x{value[e.start]:02x} at offset {e.start})"
-            ) from None
-    return value
-
-
-def normalize_input_files(value: Any, where: str) -> dict[str, str | bytes]:
-    """Accept the shapes input_files takes in the wild: dict, JSON text, list of records."""
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        if not value.strip():
-            return {}
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise TaskValidationError(
-                f"{where}: input_files: text is not a JSON object of name -> content ({e.msg})"
-            ) from None
-    if isinstance(value, dict):
-        # HF datasets turns dicts with differing keys into structs padded with None.
-        return {str(k): decode_maybe_bytes(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list | tuple):
-        out: dict[str, str | bytes] = {}
-        for i, item in enumerate(value):
-            if isinstance(item, tuple | list) and len(item) == 2:  # pyarrow map
-                out[str(item[0])] = item[1]
-                continue
-            if not isinstance(item, dict) or "name" not in item:
-                raise TaskValidationError(
-                    f"{where}: input_files[{i}]: expected a record with 'name' and 'text'/'data'"
-                )
-            if item.get("data") is not None:
-                out[item["name"]] = item["data"]
-            else:
-                content = item.get("text", item.get("content"))
-                if content is None:
-                    raise TaskValidationError(f"{where}: input_files[{i}] ({item['name']!r}): no content")
-                out[item["name"]] = content
-        return out
-    raise TaskValidationError(
-        f"{where}: input_files: expected a mapping of file name -> text, got {type(value).__name__}"
-    )
-
-
+# ------------------------------------------------------------------------- rows
 def row_to_task(row: dict[str, Any], index: int | str, *, ours: bool = False) -> Task:
-    """One table row (ours or the peer's) -> a validated Task; errors name the row.
-
-    `index` is a row number, or a ready label such as "line 7" for JSONL."""
-    rid = row.get("id")
-    where = (index if isinstance(index, str) else f"row {index}") + (f" (id {rid!r})" if rid not in (None, "") else "")
-    missing = [c for c in ("id", "domain", "problem_statement") if c not in row]
-    if missing:
-        raise TaskValidationError(f"{where}: missing column(s) {', '.join(missing)}")
-    data: dict[str, Any] = {}
-    for f in ("id", "domain", "problem_statement", "qa_type", "verifier"):
-        if f in row and row[f] is not None:
-            data[f] = _text_field(row[f], where, f)
-    if isinstance(data.get("id"), int):
-        data["id"] = str(data["id"])
-    gt = row.get("ground_truth")
-    meta: Any = row.get("metadata")
-    if ours:
-        try:
-            gt = json.loads(gt) if isinstance(gt, str) else gt
-            meta = json.loads(meta) if isinstance(meta, str) else meta
-        except json.JSONDecodeError as e:
-            raise TaskValidationError(f"{where}: ground_truth/metadata: invalid JSON ({e.msg})") from None
-    data["ground_truth"] = _text_field(gt, where, "ground_truth")
-    data["input_files"] = normalize_input_files(row.get("input_files"), where)
-    extra = {k: v for k, v in row.items() if k not in TASK_FIELDS and v is not None}
-    if isinstance(meta, str) and not ours:  # peer tables often keep metadata as JSON text
-        try:
-            meta = json.loads(meta) if meta.strip() else {}
-        except json.JSONDecodeError:
-            meta = {"text": meta}
-    if meta is not None and not isinstance(meta, dict):
-        meta = {"value": meta}
-    meta = dict(meta or {})
-    if extra:
-        meta.setdefault("extra", {}).update(_jsonable(extra))
-    data["metadata"] = meta
-    return make_task(data, where)
-
-
-def _jsonable(v: Any) -> Any:
-    return json.loads(json.dumps(v, default=str))
+    """One table row (ours or the peer's) -> a validated Task; errors name the row
+    (datasets_prep.rows is the one row contract). `index` is a row number, or a ready
+    label such as "line 7" for JSONL."""
+    return task_from_row(row, where=index if isinstance(index, str) else f"row {index}", json_fields=ours)
 
 
 # ------------------------------------------------------------------------ Parquet
@@ -260,7 +166,7 @@ def write_peer_parquet(ts: TaskSet, path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [t.to_peer_row() for t in ts.tasks]
+    rows = [peer_row(t) for t in ts.tasks]
     for r in rows:
         r["input_files"] = json.dumps(r["input_files"], ensure_ascii=False)
     schema = pa.schema([(c, pa.large_string() if c != "id" else pa.string()) for c in PEER_COLUMNS])
@@ -334,7 +240,7 @@ def write_jsonl(ts: TaskSet, path: Path, *, peer: bool = False) -> None:
             if not peer:
                 f.write(json.dumps({"__taskset__": _set_header(ts)}) + "\n")
             for t in ts.tasks:
-                row = t.to_peer_row() if peer else t.canonical()
+                row = peer_row(t) if peer else t.canonical()
                 f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
 
     atomic_write(path, write)
@@ -392,6 +298,5 @@ __all__ = [
     "read_taskset",
     "write_taskset",
     "row_to_task",
-    "normalize_input_files",
     "encode_bytes",
 ]

@@ -315,23 +315,6 @@ class Task(BaseModel):
         blob = json.dumps(self.canonical(), sort_keys=True, ensure_ascii=False, default=str)
         return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
-    def to_peer_row(self) -> dict[str, Any]:
-        """The row llm-in-sandbox reads (its `input_files` maps names to text)."""
-        gt = self.ground_truth
-        if not isinstance(gt, str):
-            gt = json.dumps(gt, ensure_ascii=False)
-        return {
-            "id": self.id,
-            "domain": self.domain,
-            "problem_statement": self.problem_statement,
-            "ground_truth": gt,
-            "input_files": {
-                k: (v if isinstance(v, str) else v.decode("utf-8", "replace"))
-                for k, v in self.input_files.items()
-            },
-            "qa_type": self.qa_type,
-        }
-
 
 def _is_empty(v: Any) -> bool:
     if v is None:

@@ -267,6 +267,14 @@ def run(
     with hold_run(wh, rid, wait=spec.wait_for_lock):
         # Half-written temporary files a killed writer of this run left (invisible, on disk).
         wh.remove_dead_temps(rid)
+        # The run keeps the exact tasks it ran (warehouse.tasksets): a resumed run goes on
+        # with those, even if its source gives other tasks today.
+        ran = wh.run_tasks(rid)
+        if ran is None:
+            wh.keep_tasks(rid, ts.tasks, name=ts.name)
+        elif ran.content_hash != ts.content_hash:
+            ts = ran.model_copy(update={"name": ts.name})
+            episodes = plan(list(ts.tasks), rid, spec.mode, spec.samples)
         return _execute(spec, ts, rid, episodes, wh, root, executor, token, global_limit, job, t_start)
 
 

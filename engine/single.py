@@ -58,7 +58,7 @@ def run_single(
         if on_ready is not None:
             on_ready(cfg)
         with JournalRecorder(folder / "records.jsonl") as journal:
-            recorder, finish = _with_warehouse(journal, spec.warehouse, run_id, cfg)
+            recorder, finish = _with_warehouse(journal, spec.warehouse, run_id, cfg, task)
             status = "interrupted"
             try:
                 result = run_episode(
@@ -81,16 +81,20 @@ def run_single(
 
 
 def _with_warehouse(
-    journal: Any, root: str | None, run_id: str, cfg: ModelConfig
+    journal: Any, root: str | None, run_id: str, cfg: ModelConfig, task: Task
 ) -> tuple[Any, Callable[[str], None]]:
-    """The recorder: the journal, plus the warehouse (a run of its own) when asked."""
+    """The recorder: the journal, plus the warehouse (a run of its own) when asked. The run
+    names the hash of the one task it ran, so `sandflow compare` never pairs it with a run
+    of other tasks (an ad-hoc query has no ground truth: there is no task file to keep)."""
     if root is None:
         return journal, lambda status: None
+    from datasets_prep.task import TaskSet
     from tasks.journal import TeeRecorder
     from warehouse import Warehouse
 
     wh = Warehouse(root)
     wh.write_run(run_id, model=cfg.model, dataset="adhoc", status="running",
+                 dataset_hash=TaskSet.model_construct(tasks=[task]).content_hash,
                  config={"form": "single", "model": cfg.public_dict()})  # fmt: skip
     writer = wh.writer()
 

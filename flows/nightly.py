@@ -60,16 +60,15 @@ def benchmark(
     (Holm-adjusted p < `alpha`) fails the flow run with RegressionFound once the report
     is written.
     """
-    prep, run, task_set = _run(spec, task_runner, dask_address)
+    prep, run, _ = _run(spec, task_runner, dask_address)
     rid, warehouse = run["run_id"], run["warehouse"]
     out: dict[str, Any] = {"prepare": prep, "run": run}
-    out["score"] = score_flow(run_id=rid, warehouse=warehouse, task_set=task_set, verifier=verifier, judge=judge)
+    # score and export with the tasks the run recorded (warehouse.tasksets), not a reload
+    out["score"] = score_flow(run_id=rid, warehouse=warehouse, verifier=verifier, judge=judge)
     out["usage"] = usage_flow(run_id=rid, warehouse=warehouse)
     out["tokens"] = tokens_flow(run_id=rid, warehouse=warehouse)
     if rollouts:
-        out["rollouts"] = rollouts_flow(
-            run_id=rid, warehouse=warehouse, task_set=task_set, max_seq_tokens=max_seq_tokens
-        )
+        out["rollouts"] = rollouts_flow(run_id=rid, warehouse=warehouse, max_seq_tokens=max_seq_tokens)
     out["report"] = report_flow(run_id=rid, warehouse=warehouse, alpha=alpha, viewer_url=viewer_url)
     if fail_on_regression and out["report"].get("regression"):
         from analysis.nightly_report import RegressionFound
@@ -217,8 +216,8 @@ def rl_data_flow(
         logprobs=logprobs,
         return_token_ids=return_token_ids,
     )
-    prep, run, task_set = _run(spec, task_runner, dask_address)
+    prep, run, _ = _run(spec, task_runner, dask_address)
     rid = run["run_id"]
-    score = score_flow(run_id=rid, warehouse=warehouse, task_set=task_set)
-    export = rollouts_flow(run_id=rid, warehouse=warehouse, task_set=task_set, max_seq_tokens=max_seq_tokens)
+    score = score_flow(run_id=rid, warehouse=warehouse)  # the tasks the run recorded
+    export = rollouts_flow(run_id=rid, warehouse=warehouse, max_seq_tokens=max_seq_tokens)
     return {"prepare": prep, "run": run, "score": score, "rollouts": export}

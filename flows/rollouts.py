@@ -1,6 +1,6 @@
 """The rollouts flow: write a run's RL data (analysis/rollouts.py) as Parquet files.
 
-    <out>/taskset.parquet        verl/rllm task rows (when the run's task set is known)
+    <out>/taskset.parquet        verl/rllm task rows of the tasks the run ran (as recorded)
     <out>/trajectories.parquet   chat messages + loss mask + reward + GRPO/RLOO advantages
     <out>/tokens.parquet         token-level rows (only when the run recorded token ids)
 
@@ -37,8 +37,7 @@ def rollouts_flow(
     overlong: str = "drop",
     verifier: str | None = None,
 ) -> dict[str, Any]:
-    from datasets_prep.prepare import load_taskset
-    from flows.score import _task_set_of
+    from flows.score import tasks_of_run
 
     if overlong not in ("drop", "mask", "keep"):
         raise ValueError(f"--overlong {overlong!r}: use drop, mask or keep")
@@ -47,7 +46,7 @@ def rollouts_flow(
     stats = ExportStats()
     files: dict[str, str] = {}
     try:
-        ts = load_taskset(_task_set_of(warehouse, run_id, task_set))
+        ts = tasks_of_run(warehouse, run_id, task_set)  # the tasks the run ran, as recorded
         files["taskset"] = str(export_taskset(ts, out / "taskset.parquet"))
     except Exception as exc:  # the trajectories are still worth exporting
         files["taskset_error"] = str(exc)

@@ -27,19 +27,36 @@ class ScoreError(ValueError):
     pass
 
 
-def _task_set_of(root: str, run_id: str, task_set: str | None) -> str:
-    if task_set:
-        return task_set
+def tasks_of_run(root: str, run_id: str, task_set: str | None = None) -> Any:
+    """The tasks to score or export run `run_id` with: `task_set` when the user names one;
+    else the exact tasks the run recorded (warehouse.tasksets); else, for a run recorded
+    before runs kept their tasks, its source loaded again -- refused when that no longer
+    gives the task set the run names (the source changed since)."""
     import json
 
-    row = Warehouse(root).run_info(run_id) or {}
+    from datasets_prep.prepare import load_taskset
+
+    if task_set:
+        return load_taskset(task_set)
+    wh = Warehouse(root)
+    stored = wh.run_tasks(run_id)
+    if stored is not None:
+        return stored
+    row = wh.run_info(run_id) or {}
     cfg = json.loads(row.get("config") or "{}")
-    ts = cfg.get("task_set") or row.get("dataset")
-    if not ts:
+    source = cfg.get("task_set") or row.get("dataset")
+    if not source:
         raise ScoreError(
             f"run {run_id!r} does not record its task set: pass --task-set (the file or suite it ran)"
         )
-    return str(ts)
+    ts = load_taskset(str(source))
+    ran = row.get("dataset_hash")
+    if ran and ts.content_hash != ran:
+        raise ScoreError(
+            f"run {run_id!r} ran task set {str(ran)[:12]}, but its source {source!r} now gives "
+            f"{ts.short_hash} (changed since the run): pass --task-set with the file the run ran"
+        )
+    return ts
 
 
 @flow(name="sandflow-score", log_prints=False)
@@ -52,11 +69,9 @@ def score_flow(
 ) -> dict[str, Any]:
     """Score run `run_id` (verifier: the task's own unless named; `judge`: the LLM judge's
     endpoint, handed in by the command, for verifier="judge"; its key is never stored)."""
-    from datasets_prep.prepare import load_taskset
-
     wh = Warehouse(warehouse)
     data = wh.load_run(run_id, with_turns=False)
-    ts = load_taskset(_task_set_of(warehouse, run_id, task_set))
+    ts = tasks_of_run(warehouse, run_id, task_set)
     rows, problems = score_episodes(data, {t.id: t for t in ts.tasks}, verifier, judge=judge)
     path = wh.write_scores(rows)
     mean = sum(r["score"] for r in rows) / len(rows) if rows else None

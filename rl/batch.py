@@ -31,6 +31,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from analysis.token_ids import assemble
+from datasets_prep.rows import RowError, task_from_row
 from datasets_prep.task import Task
 from engine.cancel import CancelToken
 from engine.executors import ThreadExecutor
@@ -39,8 +41,6 @@ from engine.retry import EpisodeCancelled, InfraFailure, RetryPolicy, is_retryab
 from rl.groups import Group
 from rl.recording import RolloutRecorder, RolloutTags
 from rl.reward import RewardError, reward_of
-from rl.rows import RowError, task_from_row
-from rl.tokens import assemble
 from rl.toolcalls import FORMATS, TextReply, parse_text_tool_calls
 from sandbox.base import SandboxConfig
 from tasks.loop import EpisodeResult, Limits, run_episode

@@ -1,7 +1,7 @@
 """The step-wise environment: the trainer generates, sandflow runs the sandbox.
 
     env = SandboxEnv(warehouse="warehouse_data", tags=RolloutTags(training_run="r1", step=3))
-    messages = env.reset(row)              # a Task, or a verl/rllm row (rl.rows)
+    messages = env.reset(row)              # a Task, or a verl/rllm row (datasets_prep.rows)
     while True:
         text = policy.generate(messages, tools=env.tools)      # the trainer's own generation
         out = env.step(text)               # raw text or an OpenAI assistant message
@@ -32,10 +32,10 @@ from typing import Any, Literal
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from datasets_prep.rows import task_from_row
 from datasets_prep.task import Task
 from rl.recording import RolloutRecorder, RolloutTags
 from rl.reward import Reward, reward_of
-from rl.rows import task_from_row
 from rl.toolcalls import ToolCallFormat, reply_from_action
 from sandbox.base import SandboxConfig
 from tasks.loop import Limits, SteppedEpisode
@@ -166,6 +166,10 @@ class SandboxEnv:
         self.task = task_from_row(task)
         self.reward = None
         self._write_run()
+        if self.warehouse is not None:  # the run keeps the exact tasks it ran (once each)
+            from warehouse.store import Warehouse
+
+            Warehouse(self.warehouse).keep_tasks(self.run_id, [self.task], name="rl-env")
         index = (
             sample_index if sample_index is not None else _next_sample(self.run_id, self.task.id)
         )

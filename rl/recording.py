@@ -2,7 +2,7 @@
 
 `RolloutRecorder` wraps the warehouse's Recorder (or any): it stamps each episode with
 the training run, step and policy version (`RolloutTags`), sets `token_ids_status` from
-the turns' ids (rl.tokens) just before the episode is committed, and, when the episode
+the turns' ids (analysis.token_ids) just before the episode is committed, and, when the episode
 was cancelled (the trainer disconnected), records an infrastructure ending as
 `interrupted`: the trainer stopped it, nothing broke.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rl.tokens import assemble
+from analysis.token_ids import assemble
 from tasks.records import INFRA_TERMINATIONS, EpisodeRecord, Recorder, TurnRecord
 
 

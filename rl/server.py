@@ -31,8 +31,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
+from datasets_prep.rows import RowError
 from rl.batch import Batch, RolloutRequest
-from rl.rows import RowError
 from sandbox.base import SandboxConfig
 from tasks.loop import Limits
 from warehouse import DEFAULT_ROOT
@@ -193,6 +193,7 @@ def _write_run(wh: Any, batch: Batch) -> None:
             "limits": batch.limits.model_dump(),
         },
     )
+    wh.keep_tasks(batch.run_id, batch.tasks, name="rl-batch")  # the exact tasks it runs
 
 
 def _finish_run(wh: Any, batch: Batch, finished: bool, compact: bool) -> None:

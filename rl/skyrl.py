@@ -9,7 +9,7 @@ calls ``init(prompt)``, then ``step(generated_text)`` until ``done``, then ``clo
 Here:
 
 - ``extras`` is the dataset row: the task comes from its ``extra_info`` (the
-  LLM-in-Sandbox-RL row contract, rl.rows); the row's ``prompt`` is replaced by
+  LLM-in-Sandbox-RL row contract, datasets_prep.rows); the row's ``prompt`` is replaced by
   sandflow's own first messages (system + task), which `init` returns.
 - ``step`` reads the tool calls from the generated text (Hermes/Qwen ``<tool_call>`` by
   default), runs them, and returns the tool messages; reward 0.0 until done, then the

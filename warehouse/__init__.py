@@ -9,6 +9,9 @@ API (everything below is importable from ``warehouse``)::
     wh.write_run(run_id, model=..., image=..., dataset=..., dataset_hash=...,
                  config=settings.public_dict())   # secrets are scrubbed anyway
     wh.finish_run(run_id, status="finished")  # running | finished | failed | interrupted
+    wh.keep_tasks(run_id, tasks)   # the exact tasks it runs (warehouse.tasksets); every entry
+    wh.run_tasks(run_id) -> TaskSet | None     # point does, scoring and exports read them
+    wh.unlike_tasks(run_a, run_b) -> str | None  # why two runs cannot be paired task by task
 
     # Episodes (the agent loop): EpisodeWriter implements tasks.records.Recorder
     rec = wh.writer()        # thread-safe; durability "turn" (default: written at once, fsynced
@@ -82,6 +85,7 @@ _EXPORTS = {
     "TABLES": "warehouse.schema",
     "schema_for": "warehouse.schema",
     "Warehouse": "warehouse.store",
+    "RunTasksError": "warehouse.tasksets",
     "EpisodeWriter": "warehouse.writer",
     "RecordError": "warehouse.commit",
 }
@@ -103,6 +107,7 @@ if TYPE_CHECKING:
     from warehouse.runlock import RunLocked
     from warehouse.schema import SCHEMA_VERSION, TABLES, schema_for
     from warehouse.store import Warehouse
+    from warehouse.tasksets import RunTasksError
     from warehouse.writer import EpisodeWriter
 
 
@@ -123,6 +128,7 @@ __all__ = [
     "RunData",
     "RunLocked",
     "RunNotFound",
+    "RunTasksError",
     "Score",
     "SCHEMA_VERSION",
     "ScoreRow",

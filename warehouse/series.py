@@ -15,7 +15,9 @@ Views (registered by warehouse/query.py after the base views):
                     paired on tasks, flips, exact test (McNemar / sign), Holm-adjusted,
                     `significant` at 0.05; infra failures counted apart
   flaky_tasks       tasks whose outcome flipped between consecutive nights on one image
-  pass_at_k         unbiased pass@k and mean@k per run x domain x mode, k = 1..samples
+  pass_at_k         unbiased pass@k and mean@k per run x domain x mode, k = 1..the run's
+                    most samples per task; `tasks_left_out` and `note` name the tasks with
+                    fewer than k samples (a group with none gets a row saying so)
 
 The same numbers come from analysis/ in Python (the report); tests/analysis checks the
 two agree. docs/statistics.md says what each number means and when not to trust it.
@@ -238,27 +240,43 @@ SERIES_VIEWS: dict[str, str] = {
                    count(*) AS n, count(*) FILTER (WHERE passed) AS c, avg(score) AS mean_score
             FROM episode_outcomes WHERE score IS NOT NULL GROUP BY run_id, domain, mode, task_id
         ), ks AS (
-            SELECT run_id, domain, mode, unnest(range(1, max(n) + 1)) AS k
-            FROM t GROUP BY run_id, domain, mode
+            -- k = 1 .. the most samples any task of the run has: a domain x mode whose tasks
+            -- have fewer still gets its rows, with no estimate and a note saying why
+            SELECT run_id, unnest(range(1, max(n) + 1)) AS k FROM t GROUP BY run_id
         ), tk AS (
-            -- unbiased pass@k of a task: 1 - C(n-c, k) / C(n, k)
+            -- unbiased pass@k of a task: 1 - C(n-c, k) / C(n, k); needs n >= k
             SELECT t.*, ks.k,
-                   CASE WHEN t.n - t.c < ks.k THEN 1.0
+                   CASE WHEN t.n < ks.k THEN NULL
+                        WHEN t.n - t.c < ks.k THEN 1.0
                         ELSE 1.0 - exp(lgamma(t.n - t.c + 1) - lgamma(t.n - t.c - ks.k + 1)
                                        - lgamma(t.n + 1) + lgamma(t.n - ks.k + 1))
                    END AS pass_k
-            FROM t JOIN ks USING (run_id, domain, mode)
-            WHERE t.n >= ks.k
+            FROM t JOIN ks USING (run_id)
+        ), g AS (
+            SELECT run_id, any_value(model) AS model,
+                   CASE WHEN grouping(domain) = 1 THEN '(all)' ELSE domain END AS domain, mode, k,
+                   count(*) FILTER (WHERE n >= k) AS tasks,
+                   count(*) FILTER (WHERE n < k) AS tasks_left_out,
+                   min(n) AS min_samples, max(n) AS max_samples,
+                   round(avg(pass_k), 6) AS pass_at_k,
+                   round(stddev_samp(pass_k) / sqrt(count(pass_k)), 6) AS pass_at_k_se,
+                   round(avg(mean_score) FILTER (WHERE n >= k), 6) AS mean_at_k,
+                   round(stddev_samp(mean_score) FILTER (WHERE n >= k)
+                         / sqrt(count(*) FILTER (WHERE n >= k)), 6) AS mean_at_k_se
+            FROM tk
+            GROUP BY GROUPING SETS ((run_id, domain, mode, k), (run_id, mode, k))
         )
-        SELECT run_id, any_value(model) AS model,
-               CASE WHEN grouping(domain) = 1 THEN '(all)' ELSE domain END AS domain, mode, k,
-               count(*) AS tasks, min(n) AS min_samples, max(n) AS max_samples,
-               round(avg(pass_k), 6) AS pass_at_k,
-               round(stddev_samp(pass_k) / sqrt(count(*)), 6) AS pass_at_k_se,
-               round(avg(mean_score), 6) AS mean_at_k,
-               round(stddev_samp(mean_score) / sqrt(count(*)), 6) AS mean_at_k_se
-        FROM tk
-        GROUP BY GROUPING SETS ((run_id, domain, mode, k), (run_id, mode, k))
+        SELECT *,
+               CASE WHEN tasks = 0 THEN format('no task has {} samples here (at most {}): pass@{} '
+                                               'needs at least {} samples per task',
+                                               k, max_samples, k, k)
+                    WHEN tasks_left_out > 0 THEN format('{} of {} tasks have fewer than {} samples '
+                                                        '(as few as {}) and are left out: pass@{} '
+                                                        'needs at least {} samples per task',
+                                                        tasks_left_out, tasks + tasks_left_out, k,
+                                                        min_samples, k, k)
+               END AS note
+        FROM g
         ORDER BY run_id, mode, domain = '(all)', domain, k
     """,
 }
@@ -268,7 +286,7 @@ SERIES_VIEW_HELP: dict[str, str] = {
     "run_series": "one row per run x mode with its series, previous run, accuracy +- SE, infra failures, speed",
     "nightly_diff": "each run vs the previous run of its series: flips, exact test, Holm-adjusted, significant",
     "flaky_tasks": "tasks whose outcome flipped between nights of a series on the same image",
-    "pass_at_k": "unbiased pass@k and mean@k per run x domain x mode, k = 1 .. samples per task",
+    "pass_at_k": "unbiased pass@k and mean@k per run x domain x mode, k = 1 .. the run's most samples per task; tasks_left_out and note say which tasks have fewer than k samples",
 }
 
 

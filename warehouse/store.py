@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from datasets_prep.task import Task, TaskSet
 from tasks.records import INFRA_TERMINATIONS, episode_key
 from warehouse.compact import CompactionResult, compact_run
 from warehouse.convert import episode_record, turn_record
@@ -28,6 +29,7 @@ from warehouse.rundata import RunData, latest_scores
 from warehouse.runs import finish_run, read_run, write_run
 from warehouse.schema import check_run_id
 from warehouse.series import MAX_TURNS, SeriesData, read_series, read_trajectories
+from warehouse.tasksets import keep_tasks, run_tasks, unlike_tasks
 from warehouse.writer import EpisodeWriter
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,20 @@ class Warehouse:
 
     def run_info(self, run_id: str) -> dict[str, Any] | None:
         return read_run(self.layout, run_id)
+
+    # ---- the tasks a run ran (warehouse.tasksets) --------------------------------------
+    def keep_tasks(self, run_id: str, tasks: Iterable[Task], *, name: str = "tasks") -> int:
+        """Record tasks `run_id` runs (those this process has not recorded yet)."""
+        return keep_tasks(self.layout, run_id, tasks, name=name)
+
+    def run_tasks(self, run_id: str) -> TaskSet | None:
+        """The exact tasks `run_id` ran (None when it recorded none)."""
+        return run_tasks(self.layout, run_id)
+
+    def unlike_tasks(self, run_a: str, run_b: str) -> str | None:
+        """Why two runs cannot be paired task by task (one sentence), or None."""
+        runs = {r: read_run(self.layout, r) or {} for r in (run_a, run_b)}
+        return unlike_tasks(self.layout, run_a, run_b, runs)
 
     def write_scores(
         self, rows: Iterable[ScoreRow | Mapping[str, Any]], *, scored_at: datetime | None = None

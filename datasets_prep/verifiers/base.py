@@ -45,26 +45,66 @@ DESCRIPTIONS: dict[str, str] = {}
 GOLD_CHECKS: dict[str, GoldCheck] = {}
 
 
+def accepted_answers(ground_truth: Any, verifier: str) -> list[Any]:
+    """THE rule for a list ground truth: "any of these answers". A list (or tuple) is its
+    items, each an accepted answer on its own; anything else is one accepted answer. A
+    nested list is refused (which item is meant?), and so is an empty list."""
+    if not isinstance(ground_truth, list | tuple):
+        return [ground_truth]
+    items = [g for g in ground_truth if not (g is None or (isinstance(g, str) and not g.strip()))]
+    if not items:
+        raise VerifierError(f"the {verifier!r} verifier got an empty list of accepted answers: {ground_truth!r}")
+    for g in items:
+        if isinstance(g, list | tuple):
+            raise VerifierError(
+                f"the {verifier!r} verifier needs a flat list of accepted answers; got {describe(ground_truth)}"
+            )
+    return items
+
+
 def register(
-    name: str, description: str, gold: GoldCheck | None = None
+    name: str, description: str, gold: GoldCheck | None = None, *, any_of: bool = True
 ) -> Callable[[VerifierFn], VerifierFn]:
+    """Register a verifier. `any_of` (the default): a list ground truth means "any of these
+    answers" -- the verifier sees one accepted answer at a time and the best score wins, so
+    every such verifier applies the same rule. `any_of=False` for the verifiers whose
+    ground truth is itself a structure (choice letters, an IFBench spec, a judge's
+    reference); they read a list their own documented way."""
+
+    def check(ground_truth: Any, task: Task | None) -> None:
+        if gold is None:
+            return
+        for g in accepted_answers(ground_truth, name) if any_of else [ground_truth]:
+            gold(g, task)
+
     def deco(fn: VerifierFn) -> VerifierFn:
         def wrapped(
             answer: Any, ground_truth: Any, task: Task | None = None, **inputs: Any
         ) -> VerifierResult:
-            if gold is not None:
-                gold(ground_truth, task)
-            r = fn(answer, ground_truth, task, **inputs)  # inputs: e.g. the judge's endpoint
-            if not r.verifier:
-                r.verifier = name
-            return r
+            check(ground_truth, task)
+            golds = accepted_answers(ground_truth, name) if any_of else [ground_truth]
+            best: VerifierResult | None = None
+            for i, g in enumerate(golds):
+                r = fn(answer, g, task, **inputs)  # inputs: e.g. the judge's endpoint
+                if len(golds) > 1:
+                    r.reason = f"accepted answer {i + 1} of {len(golds)}: {r.reason}"
+                if best is None or r.score > best.score:
+                    best = r
+                if r.score >= 1.0:
+                    break
+            assert best is not None  # accepted_answers never returns an empty list
+            if len(golds) > 1 and best.score < 1.0:
+                best.reason = f"best of {len(golds)} accepted answers; {best.reason}"
+            if not best.verifier:
+                best.verifier = name
+            return best
 
         wrapped.__name__ = fn.__name__
         wrapped.__doc__ = fn.__doc__
         REGISTRY[name] = wrapped
         DESCRIPTIONS[name] = description
         if gold is not None:
-            GOLD_CHECKS[name] = gold
+            GOLD_CHECKS[name] = check
         return wrapped
 
     return deco

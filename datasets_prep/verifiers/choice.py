@@ -103,7 +103,7 @@ def _gold_multi(ground_truth: Any, task: Task | None) -> None:
     _gold_choice(ground_truth, task, single=False)
 
 
-@register("choice_single", "one option letter, exact match", gold=_gold_single)
+@register("choice_single", "one option letter, exact match", gold=_gold_single, any_of=False)
 def choice_single(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     gold = gold_letters(ground_truth)
     text = as_text(answer)
@@ -118,7 +118,7 @@ def choice_single(answer: Any, ground_truth: Any, task: Task | None = None) -> V
     return result(1 if ok else 0, f"chose {next(iter(got))}, expected {','.join(sorted(gold))}", chosen=sorted(got))
 
 
-@register("choice_multi", "a set of option letters, F1 against the gold set", gold=_gold_multi)
+@register("choice_multi", "a set of option letters, F1 against the gold set", gold=_gold_multi, any_of=False)
 def choice_multi(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     gold = gold_letters(ground_truth)
     text = as_text(answer)

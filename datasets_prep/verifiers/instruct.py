@@ -135,11 +135,11 @@ def _score(answer: Any, ground_truth: Any, task: Task | None, mode: str) -> Veri
     return result(1 if len(passed) == len(checked) else 0, reason, partial=partial, checks=checks)
 
 
-@register("instruction", "IFBench checkers, loose mode (all instructions must pass)", gold=_gold_spec)
+@register("instruction", "IFBench checkers, loose mode (all instructions must pass)", gold=_gold_spec, any_of=False)
 def instruction_loose(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     return _score(answer, ground_truth, task, "loose")
 
 
-@register("instruction_strict", "IFBench checkers, strict mode (all instructions must pass)", gold=_gold_spec)
+@register("instruction_strict", "IFBench checkers, strict mode (all instructions must pass)", gold=_gold_spec, any_of=False)
 def instruction_strict(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     return _score(answer, ground_truth, task, "strict")

@@ -89,7 +89,7 @@ def _gold_reference(ground_truth: Any, task: Task | None) -> None:
 
 @register(
     "judge", "an LLM judge via an OpenAI-compatible endpoint (SANDFLOW_JUDGE_*), on request only",
-    gold=_gold_reference,
+    gold=_gold_reference, any_of=False,  # the judge is shown the whole reference, list or not
 )
 def judge(
     answer: Any, ground_truth: Any, task: Task | None = None, *, endpoint: JudgeEndpoint | None = None

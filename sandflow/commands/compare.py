@@ -2,8 +2,10 @@
 
 The same statistics as the report's "Changes since the previous run"
 (analysis/comparisons.py; docs/statistics.md), for any two runs on one task set: model A
-against model B, a config change, a rerun. Tasks are matched by (mode, task id) and the
-runs must share the task set's content hash.
+against model B, a config change, a rerun. Tasks are matched by (mode, task id), and only
+when both runs ran the same task under that id: the tasks each run recorded are compared by
+content (warehouse.tasksets), or, for runs recorded before runs kept their tasks, the
+task-set hashes must agree; anything else is refused with the reason.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def compare(
         outcomes_from_rows,
     )
     from sandflow.config import load_settings
+    from warehouse import Warehouse
     from warehouse.query import WarehouseError
     from warehouse.series import read_outcomes
 
@@ -66,10 +69,9 @@ def compare(
     root = str(load_settings(**({"warehouse": warehouse} if warehouse else {})).warehouse)
     wanted = [run_a] if run_b is None else [run_a, run_b]
     try:
-        runs, rows = read_outcomes(root, wanted)
+        _, rows = read_outcomes(root, wanted)
     except (WarehouseError, ValueError) as exc:
         fail(str(exc))
-    found = {r["run_id"]: r for r in runs}
     have = {r["run_id"] for r in rows}
     for run in wanted:
         if run not in have:
@@ -81,12 +83,12 @@ def compare(
             fail(f"run {run_a!r} did not run both modes on any task: nothing to pair")
         title = f"sandbox vs LLM mode of {run_a}"
     else:
-        ha, hb = (found.get(r, {}).get("dataset_hash") for r in (run_a, run_b))
-        if ha and hb and ha != hb:
-            fail(
-                f"runs {run_a!r} and {run_b!r} ran different task sets (content hash {ha[:12]} vs "
-                f"{hb[:12]}): tasks with the same id may differ, so they are not paired"
-            )
+        # Tasks are paired by id only when both runs ran the same task under it: by the
+        # tasks each run recorded (content), else by their task-set hashes; a run that
+        # records neither is refused (warehouse.tasksets.unlike_tasks).
+        why = Warehouse(root).unlike_tasks(run_a, run_b)
+        if why:
+            fail(why)
         result = compare_runs(
             [o for o in outcomes if o.run_id == run_a],
             [o for o in outcomes if o.run_id == run_b],

@@ -191,3 +191,15 @@ def test_holm_matches_the_step_down_by_hand() -> None:
     # sorted: 0.01 * 3 = 0.03; 0.03 * 2 = 0.06; max(0.06, 0.04 * 1) = 0.06
     assert st.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert st.holm([]) == []
+
+
+def test_pass_at_k_says_which_tasks_lack_samples() -> None:
+    """Issue #22: a k above the sample count was dropped without a word."""
+    tasks = ["a"] * 3 + ["b"]
+    curve = {p.k: p for p in st.pass_at_k_curve(tasks, [1, 0, 0, 1], ks=[1, 2, 5])}
+    assert sorted(curve) == [1, 2, 5]
+    assert curve[1].tasks == 2 and curve[1].left_out == 0 and curve[1].note is None
+    assert curve[2].tasks == 1 and curve[2].left_out == 1
+    assert "1 of 2 tasks have fewer than 2 samples (as few as 1)" in str(curve[2].note)
+    assert curve[5].tasks == 0 and curve[5].pass_at_k.estimate is None
+    assert "no task has 5 samples (the most any task has is 3)" in str(curve[5].note)

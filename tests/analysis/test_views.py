@@ -7,6 +7,7 @@ other series. The Python side computes from the plan itself, never from the view
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -286,3 +287,62 @@ def test_compare_any_two_runs_from_the_cli(
     )
     res = CliRunner().invoke(app, ["compare", "base", "nope", "-w", str(tmp_path)])
     assert res.exit_code == 1 and "'nope' has no episodes" in res.output, res.output
+
+
+def test_compare_refuses_runs_of_unlike_tasks(tmp_path: Path) -> None:
+    """Issue #22: runs of SandboxEnv, `rl serve` and `sandflow run --warehouse` named no
+    task set and were paired with anything (other tasks under the same ids gave a
+    "significant" drop). Runs now keep the tasks they ran; compare matches them by content."""
+    from datasets_prep.task import Task
+    from sandflow.cli import app
+    from warehouse import Warehouse
+
+    outcomes: dict[tuple[str, str, int], float | str] = {("sandbox", "t0", 0): 1.0, ("sandbox", "t1", 0): 0.0}
+    domains = {"t0": "math", "t1": "math"}
+
+    def task(i: int, question: str) -> Task:
+        return Task(id=f"t{i}", domain="math", problem_statement=question, ground_truth="1", qa_type="exact")
+
+    wh = Warehouse(tmp_path)
+    for rid, question in (("env-a", "q0"), ("env-b", "q0"), ("env-c", "another question"), ("env-d", "q0")):
+        write_night(tmp_path, NightPlan(rid, 1, outcomes, domains, series=None, dataset_hash=""))
+        wh.keep_tasks(rid, [task(0, question), task(1, "q1")])
+    wh.keep_tasks("env-d", [task(0, "a second task t0")])  # a trainer sent two tasks as t0
+    write_night(tmp_path, NightPlan("old", 1, outcomes, domains, series=None, dataset_hash=""))
+
+    def compare(a: str, b: str) -> tuple[int, str]:
+        res = CliRunner().invoke(app, ["compare", a, b, "-w", str(tmp_path), "--json"])
+        return res.exit_code, " ".join(res.output.split())  # (rich may wrap the sentence)
+
+    code, out = compare("env-a", "env-b")  # the same tasks: paired
+    assert code == 0 and json.loads(out)["rows"], out
+    code, out = compare("env-a", "env-c")
+    assert code == 1 and "ran different tasks under the same id (1 of 2 shared ids: 't0')" in out
+    code, out = compare("env-a", "env-d")
+    assert code == 1 and "run 'env-d' ran different tasks under the same id ('t0')" in out
+    write_night(tmp_path, NightPlan("env-e", 1, {("sandbox", "t9", 0): 1.0}, {"t9": "math"}, series=None, dataset_hash=""))
+    wh.keep_tasks("env-e", [task(9, "q9")])
+    code, out = compare("env-a", "env-e")
+    assert code == 1 and "runs 'env-a' and 'env-e' ran no task in common" in out
+    code, out = compare("env-a", "old")
+    assert code == 1 and "run 'old' records neither the tasks it ran nor a task-set hash" in out
+
+
+def test_pass_at_k_view_says_why_a_k_has_no_estimate(tmp_path: Path) -> None:
+    """Issue #22: the view returned no row for a k above a group's sample count. Math ran
+    3 samples per task, chem 1: chem's k = 2, 3 rows say there is no task with that many,
+    and the (all) rows name the tasks they leave out."""
+    outcomes: dict[tuple[str, str, int], float | str] = {
+        **{("llm", t, s): float(s == 0) for t in ("m0", "m1") for s in range(3)},
+        ("llm", "c0", 0): 1.0,
+    }
+    write_night(tmp_path, NightPlan("mixed", 1, outcomes, {"m0": "math", "m1": "math", "c0": "chem"}))
+    rows = {(r["domain"], r["k"]): r for r in _rows(tmp_path, "SELECT * FROM pass_at_k")}
+    assert sorted(k for d, k in rows if d == "chem") == [1, 2, 3]
+    chem2 = rows[("chem", 2)]
+    assert chem2["tasks"] == 0 and chem2["pass_at_k"] is None
+    assert chem2["note"] == "no task has 2 samples here (at most 1): pass@2 needs at least 2 samples per task"
+    all3 = rows[("(all)", 3)]
+    assert all3["tasks"] == 2 and all3["tasks_left_out"] == 1 and all3["pass_at_k"] == 1.0
+    assert "1 of 3 tasks have fewer than 3 samples (as few as 1) and are left out" in all3["note"]
+    assert rows[("math", 2)]["note"] is None and rows[("math", 2)]["pass_at_k"] == pytest.approx(2 / 3, abs=1e-6)

@@ -94,3 +94,39 @@ def test_unknown_suite_and_bad_size():
         build_suite("nope")
     with pytest.raises(ValueError, match="at least 1"):
         build_suite("chem", size=0)
+
+
+_HASHES = """
+import json
+from datasets_prep import load_taskset
+from datasets_prep.suites import math
+out = {n: load_taskset(n, seed=s).content_hash for n in ("smoke", "math", "chem", "physics", "instruct",
+                                                         "long_context") for s in (0, 7)}
+out["school, every module 6 times"] = [t.content_hash for t in math.school(3, 6 * len(math.school_modules()))]
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def test_suites_are_the_same_task_set_in_every_process():
+    """Issue #22: hash randomisation reached the generators (variable names drawn from a
+    set of letters, entities shuffled out of a set, sympy's own unseeded generator), so
+    `load_taskset('smoke')` was a new task set in each process. Three processes with
+    different PYTHONHASHSEED values must build identical sets."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    seen = []
+    for hash_seed in ("0", "1", "random"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(root)}
+        proc = subprocess.run([sys.executable, "-c", _HASHES], env=env, capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert len(seen[0]["school, every module 6 times"]) >= 6 * 15
+    for other in seen[1:]:
+        differ = sorted(k for k in seen[0] if seen[0][k] != other[k])
+        assert not differ, f"differ between processes: {differ}"

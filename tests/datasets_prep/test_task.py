@@ -108,7 +108,9 @@ def test_summary_counts():
 
 def test_peer_row_shape():
     t = Task(**_row(ground_truth={"value": 1}, qa_type="numeric", input_files={"a.txt": "x"}))
-    row = t.to_peer_row()
+    from datasets_prep.rows import peer_row
+
+    row = peer_row(t)
     assert set(row) == {"id", "domain", "problem_statement", "ground_truth", "input_files", "qa_type"}
     assert row["ground_truth"] == '{"value": 1}' and row["input_files"] == {"a.txt": "x"}
 

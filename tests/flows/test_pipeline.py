@@ -283,3 +283,44 @@ def test_token_ids_flow_into_token_level_rollouts(tmp_path: Path) -> None:
         assert r["reward"] == 1.0 and r["advantage_rloo"] == 0.0  # both samples right: no signal
     traj = load_dataset("parquet", data_files=out["files"]["trajectories"], split="train")
     assert len(traj) == 4 and set(traj["group_size"]) == {2}
+
+
+def test_scores_exports_and_resume_use_the_tasks_the_run_ran(tmp_path: Path, model: ScriptedModel) -> None:
+    """Issue #22: scoring and `flows rollouts` rebuilt the task set from its source, so a
+    source that changed after the run (a file edited, a suite built differently) gave
+    tasks the run never ran. The run keeps its tasks in the warehouse; readers use them."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from datasets_prep.rows import task_from_row
+    from datasets_prep.task import TaskSet
+    from flows.rollouts import rollouts_flow
+    from flows.run import run_flow
+    from flows.score import ScoreError, score_flow
+    from warehouse import Warehouse
+
+    tasks = tiny_tasks(2)
+    src = write_tasks(tmp_path / "tiny.parquet", tasks)
+    wh = tmp_path / "wh"
+    rid = new_run_id("kept")
+    first = run_flow.with_options(task_runner=_thread_runner())(**run_kwargs(src, model, wh, run_id=rid, mode="llm"))
+    ran = TaskSet.build(tasks).content_hash
+    assert first["task_set_hash"] == ran
+    kept = Warehouse(wh).run_tasks(rid)
+    assert kept is not None and [t.content_hash for t in kept] == [t.content_hash for t in tasks]
+
+    # the source changes after the run: other statements and ground truths under the same ids
+    write_tasks(src, [t.model_copy(update={"problem_statement": "changed", "ground_truth": "41"}) for t in tasks])
+    assert score_flow(run_id=rid, warehouse=str(wh))["mean_score"] == 1.0  # against 42, as run
+    out = rollouts_flow(run_id=rid, warehouse=str(wh))
+    rows = pq.read_table(out["files"]["taskset"]).to_pylist()
+    assert [task_from_row(r).content_hash for r in rows] == [t.content_hash for t in tasks]
+    # resuming the run goes on with its own tasks, not the changed source's
+    again = run_flow.with_options(task_runner=_thread_runner())(**run_kwargs(src, model, wh, run_id=rid, mode="llm"))
+    assert again["task_set_hash"] == ran and again["ran"] == 0
+
+    # a run recorded before runs kept their tasks: its changed source is refused, not used
+    shutil.rmtree(wh / "_tasks" / f"run_id={rid}")
+    with pytest.raises(ScoreError, match=r"now gives \w+ \(changed since the run\)"):
+        score_flow(run_id=rid, warehouse=str(wh))

@@ -12,17 +12,16 @@ import pytest
 
 from analysis.advantages import group_advantages, grpo, rloo
 from analysis.rollouts import (
-    TASKSET_SCHEMA,
     TOKEN_SCHEMA,
     TRAJECTORY_SCHEMA,
     ExportStats,
     RolloutError,
-    taskset_rows,
     token_rows,
-    token_sequence,
     trajectory_rows,
     write_rows,
 )
+from analysis.token_ids import assemble
+from datasets_prep.rows import row_schema, task_rows
 from datasets_prep.task import Task
 from tasks.records import EpisodeRecord, Observation, ToolCall, TurnRecord, Usage
 from warehouse.rundata import RunData
@@ -134,26 +133,32 @@ def test_overlong_filter_drop_mask_keep(run: RunData) -> None:
     assert len(trajectory_rows(run, max_seq_tokens=8, overlong="drop")) == 4
 
 
-def test_token_sequence_rebuilds_response_and_detects_drift() -> None:
+def test_token_assembly_rebuilds_response_and_detects_drift() -> None:
+    """analysis.token_ids.assemble: the one assembly the export and the rollout server use."""
     turns = _turns("e")
-    prompt, response, mask, lps = token_sequence(turns)
-    assert prompt == [1, 2, 3]
-    assert response == [10, 11, 20, 21, 12]
-    assert mask == [1, 1, 0, 0, 1]
-    assert lps == [-0.1, -0.2, 0.0, 0.0, -0.3]
+    t = assemble(turns)
+    assert t.exact and t.prompt_ids == [1, 2, 3]
+    assert t.response_ids == [10, 11, 20, 21, 12]
+    assert t.response_mask == [1, 1, 0, 0, 1]
+    assert t.response_logprobs == [-0.1, -0.2, 0.0, 0.0, -0.3]
     drift = _turns("e")
     drift[1].prompt_token_ids = [1, 2, 3, 10, 99, 20, 21]
-    with pytest.raises(ValueError, match="turn 1: its prompt ids do not extend"):
-        token_sequence(drift)
+    assert assemble(drift).status.startswith("mismatch at turn 1: its prompt ids do not extend")
     wrong_count = _turns("e")
     wrong_count[0].usage.completion_tokens = 5
-    with pytest.raises(ValueError, match="turn 0: 2 completion ids but usage says 5"):
-        token_sequence(wrong_count)
+    assert assemble(wrong_count).status == "mismatch at turn 0: 2 completion ids but usage says 5"
+    wrong_prompt = _turns("e")
+    wrong_prompt[1].usage.prompt_tokens = 3
+    assert assemble(wrong_prompt).status == "mismatch at turn 1: 7 prompt ids but usage says 3"
     # checked against the recorded text with a detokenizer
     vocab = {10: "let me ", 11: "compute", 12: ""}
-    assert token_sequence(turns, lambda ids: "".join(vocab.get(i, "?") for i in ids))
-    with pytest.raises(ValueError, match="re-tokenization drift"):
-        token_sequence(turns, lambda ids: "something else")
+    assert assemble(turns, lambda ids: "".join(vocab.get(i, "?") for i in ids)).exact
+    assert "re-tokenization drift" in assemble(turns, lambda ids: "something else").status
+    # logprobs are all or nothing: a turn without them leaves the trajectory without any
+    partial = _turns("e")
+    partial[1].completion_logprobs = None
+    assert assemble(partial).exact and assemble(partial).response_logprobs is None
+    assert assemble([]).status == "missing"
 
 
 def test_token_rows_skip_mismatched_episodes(run: RunData) -> None:
@@ -179,8 +184,8 @@ def test_exports_load_with_datasets(run: RunData, tmp_path: Path) -> None:
         Task(id="B", domain="chem", problem_statement="mass of H2O?", ground_truth={"value": 18.015, "unit": "g/mol"}),
     ]
     ts_path = write_rows(
-        taskset_rows(tasks, lambda t: [{"role": "user", "content": t.problem_statement}]),
-        TASKSET_SCHEMA,
+        task_rows(tasks, lambda t: [{"role": "user", "content": t.problem_statement}]),
+        row_schema(),
         tmp_path / "taskset.parquet",
     )
     tr_path = write_rows(trajectory_rows(run), TRAJECTORY_SCHEMA, tmp_path / "trajectories.parquet")

@@ -89,6 +89,8 @@ def test_raw_text_and_openai_turns_reward_and_warehouse_tags(tmp_path: Path) -> 
     assert ep["model"] == "qwen-test" and ep["token_ids_status"] == "missing"
     from warehouse.store import Warehouse
 
+    kept = Warehouse(tmp_path).run_tasks(run_id)  # the run keeps the task it ran
+    assert kept is not None and [t.content_hash for t in kept] == [task.content_hash]
     with Warehouse(tmp_path).query(run_id=run_id) as q:
         assert q.rows("SELECT score, verifier FROM scores") == [(1.0, "exact")]
         assert q.rows(
@@ -174,7 +176,7 @@ def test_infra_failure_raises_and_is_recorded_not_scored(tmp_path: Path) -> None
 
 
 def test_bad_actions_and_rows_are_clear_errors() -> None:
-    from rl.rows import RowError
+    from datasets_prep.rows import RowError
     from rl.toolcalls import ActionError
 
     env = SandboxEnv(sandbox=sandbox_cfg(), run_id=new_run_id("env-bad"))
@@ -202,4 +204,27 @@ def test_wall_clock_counts_the_policys_time_between_steps() -> None:
     time.sleep(1.2)  # the trainer generates slowly
     out = env.step(hermes("execute_bash", {"command": "echo late"}))
     assert out.done and out.info["termination"] == "wall_clock"
+    env.close()
+
+
+def test_a_chem_symbol_row_scores_its_correct_answer() -> None:
+    """Issue #22: through the RL rows a list ground truth became its JSON text, and every
+    chem "symbol" task scored 0 in SandboxEnv for a correct answer. The row the export
+    writes (datasets_prep.rows.task_rows) drives the real reward path here."""
+    import random
+
+    from analysis.rollouts import sandbox_prompt
+    from datasets_prep.rows import task_rows
+    from datasets_prep.suites import chem
+
+    task = chem.element_symbol(random.Random(5), 0)
+    symbol, name = task.ground_truth
+    [row] = task_rows([task], sandbox_prompt)
+    env = SandboxEnv(sandbox=sandbox_cfg(), run_id=new_run_id("env-chem"))
+    for answer, reward in ((symbol, 1.0), (name.upper(), 1.0), ("Xx", 0.0)):
+        env.reset(row)
+        assert env.task is not None and env.task.ground_truth == [symbol, name]
+        env.step(hermes("execute_bash", {"command": f"echo {answer} > /testbed/output/answer.txt"}))
+        out = env.step(hermes("submit", {}))
+        assert out.done and out.reward == reward, (answer, out.info.get("reward_reason"))
     env.close()

@@ -87,11 +87,11 @@ def test_exported_rows_carry_the_whole_task_for_rllm_and_keep_verl_fields(tmp_pa
 
 
 def test_rows_round_trip_into_sandflow_tasks(tmp_path: Path) -> None:
-    """The same rows drive sandflow's own environment (rl.rows.task_from_row)."""
+    """The same rows drive sandflow's own environment (datasets_prep.rows.task_from_row)."""
     import datasets
 
     from analysis.rollouts import export_taskset
-    from rl.rows import task_from_row
+    from datasets_prep.rows import task_from_row
 
     tasks = _tasks()
     path = export_taskset(SimpleNamespace(tasks=tasks), tmp_path / "taskset.parquet")

@@ -143,6 +143,8 @@ def test_batch_streams_exact_trajectories_rewards_and_advantages(
 
     scores = Warehouse(tmp_path / "wh").scores(run_id).to_pylist()
     assert sorted(s["score"] for s in scores) == [0.0, 0.0, 1.0, 1.0]
+    kept = Warehouse(tmp_path / "wh").run_tasks(run_id)  # the batch keeps the tasks it ran
+    assert kept is not None and [t.content_hash for t in kept] == [math_task().content_hash]
     wh = Warehouse(tmp_path / "wh")
     with wh.query(run_id=run_id) as q:
         assert q.rows("SELECT accuracy FROM accuracy") == [(0.5,)]

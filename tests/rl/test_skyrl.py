@@ -16,9 +16,10 @@ from tests.rl.conftest import WRITE_ANSWER, math_task, new_run_id, read_episodes
 
 def _row() -> dict:
     """A dataset row as `sandflow flows rollouts` writes it (and SkyRL passes as extras)."""
-    from analysis.rollouts import sandbox_prompt, taskset_rows
+    from analysis.rollouts import sandbox_prompt
+    from datasets_prep.rows import task_rows
 
-    [row] = taskset_rows([math_task()], sandbox_prompt)
+    [row] = task_rows([math_task()], sandbox_prompt)
     return row
 
 

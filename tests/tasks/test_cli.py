@@ -122,3 +122,5 @@ def test_run_into_the_warehouse(scripted_model: ScriptedModel, tmp_path: Path) -
     assert len(episodes) == 1 and episodes[0]["answer"] == "4" and episodes[0]["termination"] == "submitted"
     assert wh.turns(episodes[0]["run_id"]).num_rows == 1
     assert wh.run_info(episodes[0]["run_id"])["status"] == "finished"
+    # the run names the hash of the task it ran: `sandflow compare` never pairs it blindly
+    assert len(wh.run_info(episodes[0]["run_id"])["dataset_hash"] or "") == 64
