@@ -1,8 +1,9 @@
-"""Training-ready RL data from runs, in three shapes (all Parquet, all `datasets`-loadable).
+"""Training-ready RL data from runs, in three shapes (rows only: flows/rollouts.py writes
+them as Parquet through warehouse.write_export, each `datasets`-loadable).
 
-1. Task sets in the shape verl / rllm read for LLM-in-Sandbox-RL style training
-   (`export_taskset`; the rows themselves are datasets_prep.rows', the one contract
-   between a row and a Task, which also reads them back).
+1. Task sets in the shape verl / rllm read for LLM-in-Sandbox-RL style training (the
+   rows are datasets_prep.rows', the one contract between a row and a Task, which also
+   reads them back; flows/rollouts.py writes them, prompts from `sandbox_prompt`).
 2. Trajectories as chat messages with tool calls, one row per episode: a per-message
    loss mask (assistant 1, everything the environment or user said 0), the reward,
    GRPO and RLOO advantages over the samples of the same task and mode, the
@@ -26,15 +27,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from analysis.advantages import group_advantages
 from analysis.token_ids import Detokenize, assemble
-from datasets_prep.rows import row_schema, task_rows
 from datasets_prep.task import Task
 from tasks.records import EpisodeRecord, TurnRecord
 from warehouse.rundata import RunData
@@ -338,17 +336,6 @@ def token_rows(
     return rows
 
 
-# ----------------------------------------------------------------------------- files
-def write_rows(rows: list[dict[str, Any]], schema: pa.Schema, path: Path) -> Path:
-    """Write rows with an explicit schema (stable types even for empty or sparse rows)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(rows, schema=schema)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(path)
-    return path
-
-
 # ------------------------------------------------------------------ task-set export
 def sandbox_prompt(task: Task) -> list[dict[str, Any]]:
     """The messages a sandbox-mode episode starts from (tasks' own templates)."""
@@ -356,8 +343,3 @@ def sandbox_prompt(task: Task) -> list[dict[str, Any]]:
 
     return load_prompts(task.domain, None).sandbox_messages(task)
 
-
-def export_taskset(ts: Any, path: Path, source: str = "sandflow") -> Path:
-    """A task set as verl/rllm rows (datasets_prep.rows, the one row contract) whose
-    prompts are the sandbox episode's own."""
-    return write_rows(task_rows(ts.tasks, sandbox_prompt, source=source), row_schema(), path)

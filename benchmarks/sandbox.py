@@ -11,7 +11,8 @@ Figures (p50s, interleaved so machine load hits floor and ours alike):
   file      write_file + read_file of 10 MB       vs  raw put_archive + get_archive target <= 1.5x
             (the floor on a plain container's own filesystem: the archive API cannot see
             a sandbox's tmpfs mounts)
-The bubblewrap backend's start/exec/close are reported alongside (no target).
+The bubblewrap backend's start/exec/close are reported alongside (no target), and gVisor's
+start/exec (docker with `runtime="runsc"`) when the engine has that runtime.
 The last line printed is one JSON object with every figure.
 """
 
@@ -207,6 +208,24 @@ def bench_bwrap(n_start: int, n_exec: int) -> dict[str, float]:
     }
 
 
+def bench_gvisor(client: Any, n_start: int, n_exec: int) -> dict[str, float]:
+    """gVisor (`runtime="runsc"`, docs/sandbox.md): start and exec p50s, when the engine has
+    the runtime (else nothing: the keys are left out of the JSON line)."""
+    if "runsc" not in (client.info().get("Runtimes") or {}):
+        return {}
+    cfg = config("docker").model_copy(update={"runtime": "runsc", "episode_id": "gvisor"})
+    starts, execs = [], []
+    for i in range(n_start):
+        t = time.perf_counter()
+        sb = open_sandbox(cfg)
+        starts.append(time.perf_counter() - t)
+        if i == 0:
+            for _ in range(n_exec):
+                execs.append(timed(functools.partial(sb.exec, "true")))
+        sb.close()
+    return {"gvisor_start_p50_s": p50(starts), "gvisor_exec_p50_s": p50(execs)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -216,6 +235,7 @@ def main() -> None:
     ap.add_argument("--file-n", type=int, default=5, help="10 MB round trips")
     ap.add_argument("--acquire-n", type=int, default=50, help="warm-pool acquisitions")
     ap.add_argument("--no-bwrap", action="store_true", help="skip the bubblewrap figures")
+    ap.add_argument("--no-gvisor", action="store_true", help="skip the gVisor (runsc) figures")
     args = ap.parse_args()
 
     from rich.console import Console
@@ -224,7 +244,10 @@ def main() -> None:
     console = Console(stderr=True, width=max(110, Console(stderr=True).width))
     client = docker_client()
     size = int(client.api.inspect_image(DEFAULT_SPEC.tag).get("Size", 0))
-    fig: dict[str, float | int | bool | str] = {"benchmark": "sandbox", "image": DEFAULT_SPEC.tag}
+    fig: dict[str, float | int | bool | str] = {
+        "benchmark": "sandbox",
+        "image": DEFAULT_SPEC.tag,
+    }
     with console.status("exec round trips ..."):
         fig.update(bench_exec(client, args.exec_n))
     with console.status("start / close ..."):
@@ -236,6 +259,9 @@ def main() -> None:
     if not args.no_bwrap:
         with console.status("bubblewrap ..."):
             fig.update(bench_bwrap(min(args.start_n, 10), min(args.exec_n, 200)))
+    if not args.no_gvisor:
+        with console.status("gVisor (runsc) ..."):
+            fig.update(bench_gvisor(client, min(args.start_n, 5), min(args.exec_n, 100)))
 
     fig["exec_p50_ratio"] = fig["exec_p50_s"] / fig["sdk_exec_p50_s"]  # type: ignore[operator]
     fig["start_ratio"] = fig["start_p50_s"] / fig["run_p50_s"]  # type: ignore[operator]
@@ -304,6 +330,15 @@ def main() -> None:
             "bwrap start / exec / close",
             f"{ms('bwrap_start_p50_s')} / {ms('bwrap_exec_p50_s')} / {ms('bwrap_close_p50_s')}",
             "-",
+            "-",
+            "-",
+            "-",
+        )
+    if fig.get("gvisor_start_p50_s") is not None:
+        table.add_row(
+            "gVisor start / exec",
+            f"{ms('gvisor_start_p50_s')} / {ms('gvisor_exec_p50_s')}",
+            "runc " + ms("start_p50_s") + " / " + ms("exec_p50_s"),
             "-",
             "-",
             "-",

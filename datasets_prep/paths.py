@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import stat
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -99,6 +100,18 @@ def _real_folder(root: str | Path) -> str:
             f"the folder {str(root)!r} is the root of the file system, so every host file would be "
             "inside it; keep the table (or the input files) in a folder of their own"
         )
+    return real
+
+
+def folder_to_walk(root: str | Path, what: str) -> str:
+    """`root` resolved, for a walk (walk_folder); UnsafePathError naming `what` when it is
+    '/' or not a folder."""
+    try:
+        real = _real_folder(root)
+    except UnsafePathError as e:
+        raise UnsafePathError(f"{what}: {e}") from None
+    if not os.path.isdir(real):
+        raise UnsafePathError(f"{what} {str(root)!r} is not a folder")
     return real
 
 
@@ -226,13 +239,26 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _plan(root: str, real_root: str) -> tuple[list[_Planned], list[tuple[str, str]], list[str]]:
-    """Walk the folder without following anything: what to read, what to skip, what is wrong."""
-    lim = L.LIMITS
-    planned: list[_Planned] = []
-    skipped: list[tuple[str, str]] = []
-    problems: list[str] = []
-    total = folders = 0
+@dataclass
+class WalkEntry:
+    """One entry of a folder walk (`walk_folder`): what it is, and what the caller needs to
+    say about it. `detail` is the OS error, the name problem, the symlink's target (for
+    `link_outside`), the folder a symlink names (for `link_dir`) or the file kind."""
+
+    kind: str  # file | dir | unlistable | bad_name | stat_error | link_outside | link_broken | link_dir | special
+    rel: str
+    path: str = ""
+    st: os.stat_result | None = None
+    detail: str = ""
+
+
+def walk_folder(real_root: str) -> Iterator[WalkEntry]:
+    """Every entry under `real_root` (resolved), files of a folder before its subfolders,
+    names sorted, without following anything out of it: a symlink is classified by where
+    it leads (outside, broken, a folder inside, or a file inside, which is yielded as that
+    file), and subfolders are entered only after the caller has seen their `dir` entry (a
+    caller that stops iterating stops the walk). The one walk of a user's folder:
+    `sandflow run -i` (`_plan`) and the corpus of a data build (datasets_prep.corpus)."""
     stack: list[tuple[str, str]] = [("", real_root)]
     while stack:
         rel_dir, dir_path = stack.pop()
@@ -240,54 +266,83 @@ def _plan(root: str, real_root: str) -> tuple[list[_Planned], list[tuple[str, st
             with os.scandir(dir_path) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as e:
-            problems.append(f"{show(rel_dir or '.')}: cannot list the folder ({e.strerror})")
+            yield WalkEntry("unlistable", rel_dir or ".", detail=e.strerror or "")
             continue
         subdirs: list[tuple[str, str]] = []
         for entry in entries:
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             bad = name_problem(entry.name)
             if bad:
-                problems.append(f"{show(rel)}: the file name {bad}; rename it")
+                yield WalkEntry("bad_name", rel, detail=bad)
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError as e:
-                problems.append(f"{show(rel)}: {e.strerror}")
+                yield WalkEntry("stat_error", rel, detail=e.strerror or "")
                 continue
             path = entry.path
             if stat.S_ISLNK(st.st_mode):
                 target = os.path.realpath(entry.path)
                 if not inside(target, real_root):
-                    problems.append(
-                        f"{show(rel)} is a symlink to {target!r}, outside the folder "
-                        "(copy the file into the folder instead)"
-                    )
+                    yield WalkEntry("link_outside", rel, detail=target)
                     continue
                 try:
                     st = os.stat(target)
                 except OSError as e:
-                    problems.append(f"{show(rel)} is a symlink that cannot be followed ({e.strerror})")
+                    yield WalkEntry("link_broken", rel, detail=e.strerror or "")
                     continue
                 if stat.S_ISDIR(st.st_mode):
-                    skipped.append((rel, f"a symlink to the folder {os.path.relpath(target, real_root)!r} "
-                                         "inside the input folder: its files are copied under their own path"))
+                    yield WalkEntry("link_dir", rel, target, st, os.path.relpath(target, real_root))
                     continue
                 path = target
             if stat.S_ISDIR(st.st_mode):
-                folders += 1
-                if folders > lim.max_files_per_task:
-                    problems.append(f"more than {lim.max_files_per_task} folders ({L.env_name('max_files_per_task')})")
-                    return planned, skipped, problems
+                yield WalkEntry("dir", rel, path, st)
                 subdirs.append((rel, path))
+            elif not stat.S_ISREG(st.st_mode):
+                yield WalkEntry("special", rel, path, st, _kind(st.st_mode))
+            else:
+                yield WalkEntry("file", rel, path, st)
+        stack.extend(reversed(subdirs))
+
+
+def _plan(root: str, real_root: str) -> tuple[list[_Planned], list[tuple[str, str]], list[str]]:
+    """Walk the folder without following anything: what to read, what to skip, what is wrong."""
+    lim = L.LIMITS
+    planned: list[_Planned] = []
+    skipped: list[tuple[str, str]] = []
+    problems: list[str] = []
+    total = folders = 0
+    for e in walk_folder(real_root):
+        if e.kind == "unlistable":
+            problems.append(f"{show(e.rel)}: cannot list the folder ({e.detail})")
+        elif e.kind == "bad_name":
+            problems.append(f"{show(e.rel)}: the file name {e.detail}; rename it")
+        elif e.kind == "stat_error":
+            problems.append(f"{show(e.rel)}: {e.detail}")
+        elif e.kind == "link_outside":
+            problems.append(
+                f"{show(e.rel)} is a symlink to {e.detail!r}, outside the folder "
+                "(copy the file into the folder instead)"
+            )
+        elif e.kind == "link_broken":
+            problems.append(f"{show(e.rel)} is a symlink that cannot be followed ({e.detail})")
+        elif e.kind == "link_dir":
+            skipped.append((e.rel, f"a symlink to the folder {e.detail!r} "
+                                   "inside the input folder: its files are copied under their own path"))
+        elif e.kind == "dir":
+            folders += 1
+            if folders > lim.max_files_per_task:
+                problems.append(f"more than {lim.max_files_per_task} folders ({L.env_name('max_files_per_task')})")
+                return planned, skipped, problems
+        elif e.kind == "special":
+            problems.append(f"{show(e.rel)} is {e.detail}; only regular files can be copied")
+        else:
+            assert e.st is not None
+            if e.st.st_size > lim.max_file_bytes:
+                problems.append(L.over_limit(show(e.rel), e.st.st_size, "max_file_bytes", "per file"))
                 continue
-            if not stat.S_ISREG(st.st_mode):
-                problems.append(f"{show(rel)} is {_kind(st.st_mode)}; only regular files can be copied")
-                continue
-            if st.st_size > lim.max_file_bytes:
-                problems.append(L.over_limit(show(rel), st.st_size, "max_file_bytes", "per file"))
-                continue
-            total += st.st_size
-            planned.append(_Planned(rel, path, st))
+            total += e.st.st_size
+            planned.append(_Planned(e.rel, e.path, e.st))
             if len(planned) > lim.max_files_per_task:
                 problems.append(
                     f"more than {lim.max_files_per_task} files ({L.env_name('max_files_per_task')})"
@@ -296,7 +351,6 @@ def _plan(root: str, real_root: str) -> tuple[list[_Planned], list[tuple[str, st
             if total > lim.max_task_bytes:
                 problems.append(L.over_limit("the folder's files", total, "max_task_bytes", "per task"))
                 return planned, skipped, problems
-        stack.extend(reversed(subdirs))
     return planned, skipped, problems
 
 
@@ -306,11 +360,9 @@ def read_input_folder(root: str | Path) -> InputFolder:
     before any file is read, so the user fixes the folder in one go."""
     root = str(root)
     try:
-        real_root = _real_folder(root)
+        real_root = folder_to_walk(root, "input folder")
     except UnsafePathError as e:
-        raise InputFolderError(f"input folder: {e}") from None
-    if not os.path.isdir(real_root):
-        raise InputFolderError(f"input folder {root!r} is not a folder")
+        raise InputFolderError(str(e)) from None
     planned, skipped, problems = _plan(root, real_root)
     if problems:
         raise _folder_error(root, problems)

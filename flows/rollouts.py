@@ -18,13 +18,19 @@ from analysis.rollouts import (
     TOKEN_SCHEMA,
     TRAJECTORY_SCHEMA,
     ExportStats,
-    export_taskset,
+    sandbox_prompt,
     token_rows,
     trajectory_rows,
-    write_rows,
 )
+from datasets_prep.rows import row_schema, task_rows
 from flows import artifacts
-from warehouse import DEFAULT_ROOT, Warehouse
+from warehouse import DEFAULT_ROOT, Warehouse, write_export
+
+
+def export_taskset(ts: Any, path: Path, source: str = "sandflow") -> Path:
+    """A task set as verl/rllm rows (datasets_prep.rows, the one row contract) whose
+    prompts are the sandbox episode's own."""
+    return write_export(task_rows(ts.tasks, sandbox_prompt, source=source), row_schema(), path)
 
 
 @flow(name="sandflow-rollouts", log_prints=False)
@@ -51,10 +57,10 @@ def rollouts_flow(
     except Exception as exc:  # the trajectories are still worth exporting
         files["taskset_error"] = str(exc)
     traj = trajectory_rows(data, max_seq_tokens=max_seq_tokens, overlong=overlong, stats=stats)  # type: ignore[arg-type]
-    files["trajectories"] = str(write_rows(traj, TRAJECTORY_SCHEMA, out / "trajectories.parquet"))
+    files["trajectories"] = str(write_export(traj, TRAJECTORY_SCHEMA, out / "trajectories.parquet"))
     tok = token_rows(data, max_seq_tokens=max_seq_tokens, overlong=overlong, stats=stats)  # type: ignore[arg-type]
     if tok:
-        files["tokens"] = str(write_rows(tok, TOKEN_SCHEMA, out / "tokens.parquet"))
+        files["tokens"] = str(write_export(tok, TOKEN_SCHEMA, out / "tokens.parquet"))
     summary = {"run_id": run_id, "out_dir": str(out), "files": files, **stats.as_dict()}
     if stats.token_mismatches:
         summary["token_mismatch_examples"] = stats.token_mismatches[:5]

@@ -54,8 +54,8 @@ LIFETIME_S = float(os.environ.get("SANDFLOW_LIFETIME_S", "0") or 0)
 KILL_GRACE_S = 2.0
 READ_SYSCALL = {"x86_64": "0", "aarch64": "63"}.get(os.uname().machine)
 T_START = time.monotonic()
-SANDBOX_UID = int(os.environ.get("SANDFLOW_UID", "1000") or 1000)
-SANDBOX_GID = int(os.environ.get("SANDFLOW_GID", "1000") or 1000)
+SANDBOX_UID = int(os.environ.get("SANDFLOW_UID") or 2100000000)  # the backends always set it
+SANDBOX_GID = int(os.environ.get("SANDFLOW_GID") or SANDBOX_UID)
 PRIVSEP = os.getuid() == 0  # started as root (with a few capabilities): children drop to the user
 MAXFD = 1 << 20
 
@@ -434,6 +434,68 @@ class Capture:
         return text + self.tail.decode("utf-8", "replace")
 
 
+def read_ready(ready, captures):
+    """Feed what each ready stream has to its Capture; False when one is at EOF."""
+    for fd in ready:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return False
+        cap = captures[fd]
+        if cap.done:
+            cap.after += chunk
+        else:
+            cap.feed(chunk)
+    return True
+
+
+class Job:
+    """One command's state while Session.run steps through it."""
+
+    def __init__(self, cmd, cap):
+        self.cmd = cmd
+        self.mark = (f"__sandflow_{os.urandom(12).hex()}__").encode()
+        self.out, self.err = Capture(cap, self.mark), Capture(cap, self.mark)
+        self.guard = ""  # notices before the output (a revived shell, a runaway ended)
+        self.notice = ""  # a notice after it (a replaced shell, runaways left behind)
+        self.restarted = False
+        self.before: dict = {}  # the process table when the command started
+        self.oom0 = -1
+        self.t0 = time.monotonic()
+        self.duration = 0.0
+        self.shell_died = False
+        self.timed_out = False
+        self.escalated = False  # the timeout's kill had to take every process
+        self.lost_marker = False
+        self.exit_code = None
+
+    def script(self):
+        """The bytes the shell reads: the command, then printing its status and the marker.
+
+        The command travels as data (`read -d ''` of a NUL-terminated string, or `head -c`
+        for a big one) and runs through `eval` with stdin at /dev/null."""
+        m = self.mark.decode()
+        tail = (
+            '__sf_rc "${__sf_st:-0}"; eval "$__sf_c" </dev/null; '
+            "__sf_st=$?; exec 1>&198 2>&199; unset __sf_c; "
+            "printf '%s%d\\n' '" + m + '\' "$__sf_st"; '
+            "printf '%s' '" + m + "' >&2\n"
+        ).encode()
+        raw = self.cmd.encode("utf-8", "surrogateescape")
+        if len(raw) > BIG_COMMAND:
+            # bash reads a pipe one byte at a time: a big command (a long heredoc) is much
+            # faster read by `head` in blocks, straight from the same pipe (no file, nothing
+            # the helper would have to create as the sandbox user).
+            return b"__sf_c=$(/usr/bin/head -c %d); " % len(raw) + tail + raw
+        return b"IFS= read -r -d '' __sf_c; " + tail + raw + b"\0"
+
+    def complete(self):
+        """Both end markers seen, and the status line after stdout's."""
+        return self.out.done and self.err.done and b"\n" in self.out.after
+
+
 class Session:
     def __init__(self):
         self.shell = Shell()
@@ -460,192 +522,202 @@ class Session:
                     del buf[: len(buf) - self.idle_cap]
 
     def run(self, chan, cmd, timeout, cap):
-        restarted = False
-        guard = ""
+        """Run one command in the session shell; every outcome is a result (see _result).
+
+        In named steps: revive a shell that died between commands, end a runaway left from
+        before, send the command with its end marker, pump its output until the marker or
+        the timeout, conclude (the exit code, or a replaced shell and why), end what the
+        command left running away, and build the result.
+        """
+        job = Job(cmd, cap)
+        self._revive(job)
+        self._end_runaway_before(job)
+        self._begin(job)
+        self._pump(chan, job, job.t0 + timeout)
+        job.duration = time.monotonic() - job.t0
+        self._conclude(job)
+        self._end_runaway_after(job)
+        return self._result(job)
+
+    def _revive(self, job):
+        """A shell that died between commands is replaced, and the result says so."""
         if self.died_idle or not self.shell.alive():
             if not self.died_idle:
                 self.restart()
             self.died_idle = False
-            restarted = True
-            guard = (
+            job.restarted = True
+            job.guard = (
                 f"[sandflow: the shell died between commands; a new shell was started in "
                 f"{WORKDIR} - the working directory and exported variables were reset]\n"
             )
-        if PIDS_LIMIT:
-            table = proc_table()
-            if runaway(len(table) - 2, lambda: len(proc_table()) - 2):
-                # Saturated by something left running (a background fork bomb): this command
-                # could not even fork. End everything but us and the shell, and say so.
-                if not kill_new({}, {1, os.getpid(), self.shell.pid}):
-                    kill_all()
-                if not self.shell.alive():
-                    self.restart()
-                    restarted = True
-                self.drain_idle()
-                self.idle = {1: bytearray(), 2: bytearray()}
-                guard += (
-                    f"[sandflow: runaway processes ({len(table)}, pids limit {PIDS_LIMIT}) "
-                    "were running; all background processes were killed before this command]\n"
-                )
-        mark = (f"__sandflow_{os.urandom(12).hex()}__").encode()
-        out, err = Capture(cap, mark), Capture(cap, mark)
+
+    def _end_runaway_before(self, job):
+        """Saturated by something left running (a background fork bomb): this command could
+        not even fork. End everything but us and the shell, and say so."""
+        if not PIDS_LIMIT:
+            return
+        table = proc_table()
+        if not runaway(len(table) - 2, lambda: len(proc_table()) - 2):
+            return
+        if not kill_new({}, {1, os.getpid(), self.shell.pid}):
+            kill_all()
+        if not self.shell.alive():
+            self.restart()
+            job.restarted = True
         self.drain_idle()
-        out.feed(bytes(self.idle[1]))
-        err.feed(bytes(self.idle[2]))
         self.idle = {1: bytearray(), 2: bytearray()}
-        before = proc_table()
-        oom0 = oom_count()
-        t0 = time.monotonic()
-        m = mark.decode()
-        tail = (
-            '__sf_rc "${__sf_st:-0}"; eval "$__sf_c" </dev/null; '
-            "__sf_st=$?; exec 1>&198 2>&199; unset __sf_c; "
-            "printf '%s%d\\n' '" + m + '\' "$__sf_st"; '
-            "printf '%s' '" + m + "' >&2\n"
-        ).encode()
-        raw = cmd.encode("utf-8", "surrogateescape")
-        if len(raw) > BIG_COMMAND:
-            # bash reads a pipe one byte at a time: a big command (a long heredoc) is much
-            # faster read by `head` in blocks, straight from the same pipe (no file, nothing
-            # the helper would have to create as the sandbox user).
-            script = b"__sf_c=$(/usr/bin/head -c %d); " % len(raw) + tail + raw
-        else:
-            script = b"IFS= read -r -d '' __sf_c; " + tail + raw + b"\0"
-        shell_died = False
+        job.guard += (
+            f"[sandflow: runaway processes ({len(table)}, pids limit {PIDS_LIMIT}) "
+            "were running; all background processes were killed before this command]\n"
+        )
+
+    def _begin(self, job):
+        """Hand the shell the command and its end marker; background output so far is the
+        start of this command's output."""
+        self.drain_idle()
+        job.out.feed(bytes(self.idle[1]))
+        job.err.feed(bytes(self.idle[2]))
+        self.idle = {1: bytearray(), 2: bytearray()}
+        job.before = proc_table()
+        job.oom0 = oom_count()
+        job.t0 = time.monotonic()
         try:
-            self.shell.write(script)
+            self.shell.write(job.script())
         except OSError:
-            shell_died = True
-        deadline = t0 + timeout
-        timed_out = False
-        escalated = False
-        lost_marker = False
+            job.shell_died = True
+
+    def _pump(self, chan, job, deadline):
+        """Read both streams until the end marker (and the exit status line) arrived, the
+        shell died, lost the marker, or the timeout ran out (then kill the command's tree
+        and wait KILL_GRACE_S more)."""
+        out, err = job.out, job.err
         idle_polls = 0
         fds = {self.shell.out: out, self.shell.err: err}
-        while not shell_died and not (out.done and err.done and b"\n" in out.after):
+        while not job.shell_died and not job.complete():
             now = time.monotonic()
             if now >= deadline:
-                if not timed_out:
-                    timed_out = True
-                    if not kill_new(before, {1, os.getpid(), self.shell.pid}):
+                if not job.timed_out:
+                    job.timed_out = True
+                    if not kill_new(job.before, {1, os.getpid(), self.shell.pid}):
                         kill_all()
-                        escalated = True
+                        job.escalated = True
                     deadline = time.monotonic() + KILL_GRACE_S
                     continue
-                break  # the shell itself is stuck (a builtin loop): restart it below
+                break  # the shell itself is stuck (a builtin loop): restart it later
             waiting = [
                 fd for fd, c in fds.items() if not c.done or (c is out and b"\n" not in out.after)
             ]
             r, _, _ = select.select(waiting + [STDIN], [], [], min(0.5, deadline - now))
-            if not r and not timed_out:
+            if not r and not job.timed_out:
                 # Quiet for 0.5 s: if the shell is already waiting for its next command, the
                 # end marker will never come (the command redefined printf/eval or closed
-                # our fds). Twice in a row, to be sure; then replace the shell below.
+                # our fds). Twice in a row, to be sure; then replace the shell.
                 idle_polls = idle_polls + 1 if self.shell.waiting_for_input() else 0
                 if idle_polls >= 2:
-                    lost_marker = True
+                    job.lost_marker = True
                     break
             if STDIN in r and not chan.fill(0) and chan.eof:
                 raise EOFError("host went away")
-            for fd in r:
-                if fd == STDIN:
-                    continue
+            job.shell_died = not read_ready([fd for fd in r if fd != STDIN], fds)
+
+    def _conclude(self, job):
+        """The exit code from the status line; else the shell is replaced, saying why."""
+        if job.complete() and not job.escalated:
+            line, _, rest = job.out.after.partition(b"\n")
+            try:
+                job.exit_code = int(line)
+            except ValueError:
+                job.exit_code = None
+            self.idle[1] += rest
+            self.idle[2] += job.err.after
+        else:
+            self._replace_shell(job)
+        if job.timed_out and job.exit_code is not None and job.exit_code < 124:
+            job.exit_code = 124
+
+    def _replace_shell(self, job):
+        """The shell exited (`exit`, `kill -9 $$`), got stuck in a builtin loop past the
+        timeout, or we had to kill everything: start a fresh one, and say so."""
+        for _ in range(100 if job.shell_died else 1):
+            if not self.shell.alive():
+                break
+            time.sleep(0.005)
+        status = self.shell.exit_status()
+        if status is not None:
+            job.exit_code = status
+            why = f"the shell exited (status {status})"
+        elif job.lost_marker:
+            why = (
+                "the command broke the session's end-of-command marker (it redefined "
+                "printf/eval/exec or closed the session's file descriptors)"
+            )
+        else:
+            why = "the shell did not respond after the timeout"
+        if job.timed_out and not kill_new(job.before, {1, os.getpid(), self.shell.pid}):
+            kill_all()
+        # Drain the dead shell's pipes so no output it wrote is lost.
+        for fd, c in ((self.shell.out, job.out), (self.shell.err, job.err)):
+            while True:
                 try:
-                    chunk = os.read(fd, 1 << 16)
+                    r, _, _ = select.select([fd], [], [], 0.05)
+                    chunk = os.read(fd, 1 << 16) if r else b""
                 except OSError:
                     chunk = b""
                 if not chunk:
-                    shell_died = True
                     break
-                cap_ = fds[fd]
-                if cap_.done:
-                    cap_.after += chunk
-                else:
-                    cap_.feed(chunk)
-        duration = time.monotonic() - t0
-        exit_code = None
-        notice = ""
-        if out.done and err.done and b"\n" in out.after and not escalated:
-            line, _, rest = out.after.partition(b"\n")
-            try:
-                exit_code = int(line)
-            except ValueError:
-                exit_code = None
-            self.idle[1] += rest
-            self.idle[2] += err.after
-        else:
-            # The shell exited (`exit`, `kill -9 $$`), got stuck in a builtin loop past the
-            # timeout, or we had to kill everything: start a fresh one, and say so.
-            for _ in range(100 if shell_died else 1):
-                if not self.shell.alive():
-                    break
-                time.sleep(0.005)
-            status = self.shell.exit_status()
-            if status is not None:
-                exit_code = status
-                why = f"the shell exited (status {status})"
-            elif lost_marker:
-                why = (
-                    "the command broke the session's end-of-command marker (it redefined "
-                    "printf/eval/exec or closed the session's file descriptors)"
-                )
-            else:
-                why = "the shell did not respond after the timeout"
-            if timed_out and not kill_new(before, {1, os.getpid(), self.shell.pid}):
-                kill_all()
-            # Drain the dead shell's pipes so no output it wrote is lost.
-            for fd, c in fds.items():
-                while True:
-                    try:
-                        r, _, _ = select.select([fd], [], [], 0.05)
-                        chunk = os.read(fd, 1 << 16) if r else b""
-                    except OSError:
-                        chunk = b""
-                    if not chunk:
-                        break
-                    c.feed(chunk)
+                c.feed(chunk)
+        self.restart()
+        job.restarted = True
+        if job.exit_code is None and not job.lost_marker:
+            job.exit_code = 124 if job.timed_out else 137
+        job.notice = (
+            f"[sandflow: {why}; a new shell was started in {WORKDIR} - the working directory "
+            "and exported variables were reset]"
+        )
+
+    def _end_runaway_after(self, job):
+        """A fork bomb sent to the background returns at once and leaves a sandbox that
+        cannot fork; when the command left us close to the pids limit, end what it left."""
+        if not PIDS_LIMIT or job.restarted:
+            return
+        before = job.before
+
+        def count():
+            return sum(1 for p, st in proc_table().items() if before.get(p) != st)
+
+        left = [p for p, st in proc_table().items() if before.get(p) != st]
+        if not runaway(len(left), count):
+            return
+        if not kill_new(before, {1, os.getpid(), self.shell.pid}):
+            kill_all()
             self.restart()
-            restarted = True
-            if exit_code is None and not lost_marker:
-                exit_code = 124 if timed_out else 137
-            notice = (
-                f"[sandflow: {why}; a new shell was started in {WORKDIR} - the working directory "
-                "and exported variables were reset]"
-            )
-        if timed_out and exit_code is not None and exit_code < 124:
-            exit_code = 124
-        if PIDS_LIMIT and not restarted:
-            # A fork bomb sent to the background returns at once and leaves a sandbox that
-            # cannot fork; when the command left us close to the pids limit, end what it left.
-            left = [p for p, st in proc_table().items() if before.get(p) != st]
-            if runaway(
-                len(left), lambda: sum(1 for p, st in proc_table().items() if before.get(p) != st)
-            ):
-                if not kill_new(before, {1, os.getpid(), self.shell.pid}):
-                    kill_all()
-                    self.restart()
-                    restarted = True
-                time.sleep(0.02)
-                self.drain_idle()  # what the killed processes still had in flight
-                self.idle = {1: bytearray(), 2: bytearray()}
-                notice = (
-                    f"[sandflow: the command left {len(left)} runaway processes running (pids "
-                    f"limit {PIDS_LIMIT}); they were killed and their pending output discarded]"
-                )
+            job.restarted = True
+        time.sleep(0.02)
+        self.drain_idle()  # what the killed processes still had in flight
+        self.idle = {1: bytearray(), 2: bytearray()}
+        job.notice = (
+            f"[sandflow: the command left {len(left)} runaway processes running (pids "
+            f"limit {PIDS_LIMIT}); they were killed and their pending output discarded]"
+        )
+
+    def _result(self, job):
+        """The exec answer (the host validates every field: sandbox/protocol.py)."""
+        out, err = job.out, job.err
         oom1 = oom_count()
-        stderr = guard + err.finish()
-        if notice:
-            stderr = stderr + ("\n" if stderr and not stderr.endswith("\n") else "") + notice + "\n"
+        stderr = job.guard + err.finish()
+        if job.notice:
+            sep = "\n" if stderr and not stderr.endswith("\n") else ""
+            stderr = stderr + sep + job.notice + "\n"
         return {
             "stdout": out.finish(),
             "stderr": stderr,
-            "exit_code": exit_code,
-            "duration_s": duration,
-            "timed_out": timed_out,
-            "oom_killed": oom0 >= 0 and oom1 > oom0,
+            "exit_code": job.exit_code,
+            "duration_s": job.duration,
+            "timed_out": job.timed_out,
+            "oom_killed": job.oom0 >= 0 and oom1 > job.oom0,
             "truncated": bool(out.dropped or err.dropped),
             "dropped_bytes": out.dropped + err.dropped,
-            "shell_restarted": restarted,
+            "shell_restarted": job.restarted,
         }
 
     def restart(self):
@@ -761,10 +833,12 @@ class Exporter:
     leaves out, for a short while. The summary says what was skipped, why, with examples.
     """
 
-    def __init__(self, out, max_bytes, max_entries, deadline):
+    def __init__(self, out, max_bytes, max_entries, deadline, single=False):
         import tarfile
 
         self.tarfile = tarfile
+        # one file asked for (read_file): what would be skipped is the answer, an error
+        self.single = single
         self.out = out
         self.max_bytes = max_bytes
         self.max_entries = max_entries
@@ -815,6 +889,8 @@ class Exporter:
             self.header(arc, st, tarfile.SYMTYPE, linkname=target)
         elif stat.S_ISREG(mode):
             self.regular(full, arc, st)
+        elif self.single:
+            raise ValueError("not a regular file (a fifo, socket or device)")
         else:
             self.skip("special", arc)
 
@@ -829,6 +905,8 @@ class Exporter:
         try:  # O_NONBLOCK: a file swapped for a fifo since lstat must not block the helper
             fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
+            if self.single:  # e.g. PermissionError naming the file
+                raise
             self.skip("unreadable", arc)
             return
         try:
@@ -957,8 +1035,9 @@ def op_get(req):
         raise ValueError(f"{path} is {st.st_size} bytes, over the limit of {max_bytes}")
     deadline = t0 + max_seconds if max_seconds > 0 else float("inf")
     out = FrameWriter(req["id"], chunk)
-    exporter = Exporter(out, max_bytes, max_entries, deadline)
-    exporter.run(path, os.path.basename(path) or "root", st, not req.get("single"))
+    single = bool(req.get("single"))
+    exporter = Exporter(out, max_bytes, max_entries, deadline, single)
+    exporter.run(path, os.path.basename(path) or "root", st, not single)
     out.write(b"\0" * 1024)  # end of archive
     out.flush()
     send({"id": req["id"], "ok": True, "summary": exporter.summary(t0)})
@@ -1001,10 +1080,29 @@ def wipe_roots():
     return out
 
 
+def xattrs(path):
+    """{name: value (hex)} of `path`'s extended attributes; POSIX ACLs are two of them
+    (system.posix_acl_access, system.posix_acl_default: a default ACL on a place decides
+    the mode of every file created in it, whatever the umask says)."""
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:  # not supported here: nothing an episode could have set either
+        return {}
+    out = {}
+    for name in sorted(names):
+        try:
+            out[name] = os.getxattr(path, name, follow_symlinks=False).hex()
+        except OSError as e:
+            out[name] = f"unreadable: {e.errno}"
+    return out
+
+
 def root_state(root):
-    """What a probe can see of one writable place: its mode, owner, entries, free space."""
+    """What a probe can see of one writable place: its mode, owner, extended attributes
+    and ACLs, entries, free space."""
     st = os.lstat(root)
     state: dict = {"mode": st.st_mode, "uid": st.st_uid, "gid": st.st_gid}
+    state["xattrs"] = xattrs(root)
     state["entries"] = sorted(os.listdir(root))
     if not root.startswith("/dev/mqueue"):
         vfs = os.statvfs(root)
@@ -1101,13 +1199,18 @@ def listening_sockets():
 
 
 def take_boot_state():
+    # Without /proc/sysvipc (gVisor) IPC objects can be neither listed nor removed: such a
+    # sandbox cannot prove a reset, and is replaced instead of reused.
+    BOOT_STATE["sysvipc_visible"] = all(os.path.exists(f"/proc/sysvipc/{k}") for k in SYSVIPC)
     BOOT_STATE["roots"] = {root: root_state(root) for root in wipe_roots()}
     BOOT_STATE["sockets"] = listening_sockets()
     BOOT_STATE["oom"] = oom_count()
 
 
-def remove_tree_contents(root, boot_mode):
-    """Delete everything under `root` (as the sandbox user), unlocking folders it locked."""
+def remove_tree_contents(root, boot):
+    """Delete everything under `root` (as the sandbox user), unlocking folders it locked;
+    drop the extended attributes and ACLs it set on `root` itself (the boot ones stay)."""
+    boot_mode = boot["mode"]
     st = os.lstat(root)
     if stat.S_IMODE(st.st_mode) != stat.S_IMODE(boot_mode) and st.st_uid == os.geteuid():
         os.chmod(root, stat.S_IMODE(boot_mode) | stat.S_IRWXU)
@@ -1125,6 +1228,9 @@ def remove_tree_contents(root, boot_mode):
                     os.unlink(entry.path)
     for d in reversed(dirs):
         os.rmdir(d)
+    for name in xattrs(root):
+        if name not in boot["xattrs"] and st.st_uid == os.geteuid():
+            os.removexattr(root, name, follow_symlinks=False)  # an ACL too: mode bits rule again
     if stat.S_IMODE(os.lstat(root).st_mode) != stat.S_IMODE(boot_mode):
         os.chmod(root, stat.S_IMODE(boot_mode))
 
@@ -1158,7 +1264,7 @@ def wipe_as_user():
             errors = []
             for root, state in BOOT_STATE["roots"].items():
                 try:
-                    remove_tree_contents(root, state["mode"])
+                    remove_tree_contents(root, state)
                 except OSError as e:
                     errors.append(f"wipe {root}: {e}"[:300])
             try:
@@ -1247,7 +1353,9 @@ def op_reset(session, chan, req):
         for key, value in boot.items():
             if now.get(key) != value:
                 failed.append(f"{root}: {key} differs")
-    if any(sysvipc_ids().values()):
+    if not BOOT_STATE["sysvipc_visible"]:
+        failed.append("System V IPC objects cannot be listed here (no /proc/sysvipc)")
+    elif any(sysvipc_ids().values()):
         failed.append("System V IPC objects left")
     if req.get("check_net", True) and listening_sockets() != BOOT_STATE["sockets"]:
         failed.append("sockets left")

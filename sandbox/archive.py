@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-SANDBOX_UID = 1000
+from sandbox.image import SANDBOX_UID
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,12 @@ class SandboxConfig(BaseModel):
     workdir: str = "/testbed"
     env: dict[str, str] = Field(default_factory=dict)
     docker_host: str | None = None  # e.g. ssh://user@gpu-box or tcp://host:2376
+    runtime: str | None = Field(
+        None,
+        description="docker only: the OCI runtime the engine runs the sandbox with, by its "
+        "registered name (e.g. 'runsc' for gVisor: docs/sandbox.md, 'gVisor'); None: the "
+        "engine's default (runc)",
+    )
     reuse: Literal["pool", "fresh"] = Field(
         "fresh",
         description="sandbox.acquire() (the episode runner): 'pool' hands out a reset sandbox "

@@ -37,7 +37,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sandbox import bwrap_egress, egress, reaper, registry
+from sandbox import bwrap_egress, egress, reaper, registry, seccomp
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.bwrap_net import RESOLV_CONF, UserNat, read_child_pid, readable, slirp_available
 from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSandbox, privsep
@@ -215,13 +215,20 @@ class BwrapSandbox(HelperSandbox):
         return f"bwrap-{self.id}"
 
     def _argv(
-        self, info_fd: int | None = None, resolv_fd: int | None = None, block_fd: int | None = None
+        self,
+        info_fd: int | None = None,
+        resolv_fd: int | None = None,
+        block_fd: int | None = None,
+        seccomp_fd: int | None = None,
     ) -> list[str]:
         """bwrap's command line; with "bridge", the fds for its pid report and resolv.conf;
-        with an egress policy, the pid report and the fd bwrap waits on before the helper."""
+        with an egress policy, the pid report and the fd bwrap waits on before the helper;
+        `seccomp_fd` holds the syscall filter (sandbox/seccomp.py) bwrap loads last."""
         lim = self.config.limits
         size = str(lim.tmp_size_mb << 20)
         argv = ["bwrap", "--die-with-parent", "--as-pid-1", "--new-session"]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
         argv += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
         if lim.network != "host":
             argv += ["--unshare-net"]
@@ -231,9 +238,10 @@ class BwrapSandbox(HelperSandbox):
             argv += ["--block-fd", str(block_fd)]
         root = os.geteuid() == 0
         if not root:
-            argv += ["--unshare-user", "--uid", "1000", "--gid", "1000"]
+            argv += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
         argv += ["--hostname", "sandbox", "--ro-bind", str(self.rootfs), "/"]
         argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
+        argv += _PROC_MASKS
         # the IPC namespace's POSIX message queues, visible (as with docker) so a pooled
         # sandbox's reset can remove them (sandbox/pool.py)
         argv += ["--mqueue", "/dev/mqueue"]
@@ -288,7 +296,19 @@ class BwrapSandbox(HelperSandbox):
 
     def _start(self) -> None:
         lim = self.config.limits
-        fds: list[int] = []  # ours to close once bwrap has them
+        if self.cgroups is not None:
+            try:
+                self.cgroups.create(lim.memory_mb, lim.pids, lim.cpus)
+            except OSError as e:
+                self.cgroups.remove()
+                raise SandboxError(f"cannot set up cgroups for {self.name}: {e}") from None
+        try:
+            filter_r = seccomp.program_fd()
+        except seccomp.SeccompUnavailable as e:
+            if self.cgroups is not None:
+                self.cgroups.remove()
+            raise SandboxError(str(e)) from None
+        fds: list[int] = [filter_r]  # ours to close once bwrap has them
         info_r = block_w = -1
         if self.egress is not None:
             # bwrap reports the sandbox's pid, then waits on block_r (after its namespaces and
@@ -296,23 +316,18 @@ class BwrapSandbox(HelperSandbox):
             # any process of the sandbox, and in the helper's boot snapshot of sockets.
             info_r, info_w = os.pipe()
             block_r, block_w = os.pipe()
-            fds = [info_w, block_r]
-            argv = self._argv(info_w, block_fd=block_r)
+            fds += [info_w, block_r]
+            argv = self._argv(info_w, block_fd=block_r, seccomp_fd=filter_r)
         elif lim.network == "bridge":
             info_r, info_w = os.pipe()
             resolv_r, resolv_w = os.pipe()
             os.write(resolv_w, RESOLV_CONF)  # far below a pipe's buffer: bwrap reads it to EOF
             os.close(resolv_w)
-            fds = [info_w, resolv_r]
-            argv = self._argv(info_w, resolv_r)
+            fds += [info_w, resolv_r]
+            argv = self._argv(info_w, resolv_r, seccomp_fd=filter_r)
         else:
-            argv = self._argv()
+            argv = self._argv(seccomp_fd=filter_r)
         if self.cgroups is not None:
-            try:
-                self.cgroups.create(lim.memory_mb, lim.pids, lim.cpus)
-            except OSError as e:
-                self.cgroups.remove()
-                raise SandboxError(f"cannot set up cgroups for {self.name}: {e}") from None
             # Join the cgroups *before* exec'ing bwrap, so every sandbox process starts inside.
             join = 'for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f"; shift; done; shift; exec "$@"'
             argv = ["/bin/sh", "-c", join, "sh", *self.cgroups.procs_files, "--", *argv]
@@ -412,6 +427,16 @@ class BwrapSandbox(HelperSandbox):
         return egress.read_records(
             self.egress, policy, self.egress_address, since, until, self._egress_cursor
         )
+
+
+# What Docker masks in /proc, where this kernel has it: /proc/keys lists the descriptions
+# of every key the caller's uid may view, /proc/timer_list other processes' timers.
+_PROC_MASKS = [
+    arg
+    for name in ("keys", "key-users", "kcore", "timer_list", "sched_debug", "latency_stats")
+    if Path(f"/proc/{name}").is_file()
+    for arg in ("--ro-bind", "/dev/null", f"/proc/{name}")
+]
 
 
 def _slug(s: str) -> str:

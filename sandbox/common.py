@@ -34,6 +34,7 @@ from sandbox.archive import (
     tree_tar,
 )
 from sandbox.base import ExecResult, SandboxClosed, SandboxConfig, SandboxError, SandboxExpired
+from sandbox.image import SANDBOX_UID as IMAGE_UID
 from sandbox.protocol import (
     HelperClient,
     ProtocolError,
@@ -53,8 +54,8 @@ FILE_OP_TIMEOUT_S = 120.0
 STREAM_SLACK_S = 60.0  # on top of an export's own time bound: the host writing what arrives
 TAR_OVERHEAD = 8192  # per archive entry: header blocks, a pax record for a long name, padding
 HOME = "/home/sandbox"
-SANDBOX_UID = 1000
-SANDBOX_GID = 1000
+SANDBOX_UID = IMAGE_UID  # no host account (sandbox/image.py says why)
+SANDBOX_GID = IMAGE_UID
 ENV_PRIVSEP = "SANDFLOW_SANDBOX_PRIVSEP"
 # The helper runs as uid 0 with only these (and no-new-privileges): enough to start the
 # shell as the sandbox user, kill its processes, and empty its children's bounding set.
@@ -79,11 +80,18 @@ _ERRORS: dict[str, type[OSError]] = {
 }
 
 
+_RENAMEABLE = (*_ERRORS.values(), OSError, ValueError)
+
+
 def file_error(message: str, path: str) -> OSError:
     """The helper's error as the matching OSError subclass, naming the sandbox path."""
     kind, _, detail = message.partition(": ")
     if "Read-only file system" in message:
         return PermissionError(f"{path}: read-only in the sandbox ({detail or message})")
+    if kind == "PermissionError":
+        return PermissionError(
+            f"{path}: permission denied: the sandbox user may not access it ({detail or message})"
+        )
     return _ERRORS.get(kind, OSError)(f"{path}: {detail or message}")
 
 
@@ -237,14 +245,24 @@ class HelperSandbox(ABC):
         self._put_tar(root, file_tar(rel, blob, parents=parents))
 
     def read_file(self, path: str) -> bytes:
-        """The bytes of a regular file (symlinks are resolved inside the sandbox)."""
+        """The bytes of a regular file (symlinks are resolved inside the sandbox).
+
+        Errors name the path asked for and, through a symlink, the file it led to:
+        `PermissionError: /testbed/link -> /root/secret: permission denied ...`.
+        """
         self._check_open()
-        full = self._abs(path)
+        first = full = self._abs(path)
         limits = self.copy_limits
         for _ in range(8):
             reply = self._get_stream(full, limits, single=True)
-            with self._consuming(reply, full):
-                content, link = read_single_file(reply, full, limits.max_bytes)
+            try:
+                with self._consuming(reply, full):
+                    content, link = read_single_file(reply, full, limits.max_bytes)
+            except (OSError, ValueError) as e:
+                if full == first or type(e) not in _RENAMEABLE:
+                    raise
+                detail = str(e).removeprefix(full + ": ").removeprefix(f"read_file: {full}")
+                raise type(e)(f"{first} -> {full}: {detail.lstrip(': ')}") from None
             if content is not None:
                 return content
             full = posixpath.normpath(posixpath.join(posixpath.dirname(full), link or ""))

@@ -106,6 +106,16 @@ class AttachTransport:
                 s.close()
 
 
+# The engine's default masked paths (moby's oci defaults), plus /proc/key-users: the
+# kernel's key counts per uid of the whole host (the keyring itself is refused by the
+# engine's seccomp profile; bwrap masks the same files, sandbox/bwrap_backend.py).
+MASKED_PATHS = [
+    "/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/key-users",
+    "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+    "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+]  # fmt: skip
+
+
 class DockerSandbox(HelperSandbox):
     backend = "docker"
 
@@ -140,8 +150,8 @@ class DockerSandbox(HelperSandbox):
 
         lim = self.config.limits
         size = f"size={lim.tmp_size_mb}m"
-        owned = f"{size},uid=1000,gid=1000,mode=0755"
-        return self.api.create_host_config(
+        owned = f"{size},uid={SANDBOX_UID},gid={SANDBOX_GID},mode=0755"
+        config = self.api.create_host_config(
             auto_remove=True,
             read_only=True,
             network_mode=holder.network_mode if holder else self._network_mode(),
@@ -149,21 +159,42 @@ class DockerSandbox(HelperSandbox):
             # address, where the host firewall refuses anything but the proxy port
             dns=[self.egress.gateway] if self.egress else None,
             cap_drop=["ALL"],
-            cap_add=list(HELPER_CAPS) if privsep() else [],  # the helper's; its children drop them
+            # the helper's capabilities; its children drop them
+            cap_add=list(HELPER_CAPS) if self._privsep() else [],
             security_opt=["no-new-privileges"],
             nano_cpus=int(lim.cpus * 1e9),
             mem_limit=f"{lim.memory_mb}m",
             memswap_limit=f"{lim.memory_mb}m",
-            pids_limit=lim.pids,
+            pids_limit=self._host_pids(),
             # stdout is the helper's protocol stream, not a log: the default json-file driver
             # would encode and write every byte of it to disk (and halve file-read speed)
             log_config=LogConfig(type=LogConfig.types.NONE),
+            runtime=self.config.runtime,  # None: the engine's default
             tmpfs={
                 "/tmp": f"{size},mode=1777,exec",
                 HOME: f"{owned},exec",
                 self.config.workdir: f"{owned},exec",
             },
         )
+        config["MaskedPaths"] = MASKED_PATHS  # replaces the engine's list: keeps all of it
+        return config
+
+    def _host_pids(self) -> int:
+        """The engine's pids limit: the sandbox's own under runc. Under another runtime the
+        cgroup also counts the runtime's host tasks: gVisor's ptrace platform took ~54 for
+        itself and ~13 per process of the sandbox (measured: 50 sleeps -> 691), and its
+        kernel panicked at the limit ("error initializing first thread: resource
+        temporarily unavailable"): 16 per allowed process + 128. The helper still counts
+        the sandbox's own processes against `limits.pids` (its runaway check)."""
+        pids = self.config.limits.pids
+        return pids if self.config.runtime in (None, "runc") else pids * 16 + 128
+
+    def _privsep(self) -> bool:
+        """The helper as uid 0 apart from the sandbox user: under runc (the default). Another
+        runtime runs it as the sandbox user: gVisor (Debian's runsc 2022-12) does not
+        implement setfsuid, which the privileged helper needs and checks (it would refuse to
+        start); the channel then rests on the non-dumpable mark and the runtime's own kernel."""
+        return privsep() and self.config.runtime in (None, "runc")
 
     def _environment(self) -> dict[str, str]:
         from sandbox.image import image_env
@@ -181,11 +212,9 @@ class DockerSandbox(HelperSandbox):
 
     def _start(self) -> None:
         """Create + attach + start; with a netns holder, a dead holder is replaced once."""
-        pool = (
-            netns.pool_for(self.api, self.image)
-            if netns.enabled(self.config.limits.network)
-            else None
-        )
+        # gVisor (or another runtime) brings its own network stack: no pooled runc namespace
+        pooled = netns.enabled(self.config.limits.network) and not self.config.runtime
+        pool = netns.pool_for(self.api, self.image) if pooled else None
         for attempt in range(2):
             self._holder = pool.acquire(fresh=attempt > 0) if pool else None
             try:
@@ -210,7 +239,7 @@ class DockerSandbox(HelperSandbox):
                 lambda: self.api.create_container(
                     self.image,
                     BOOT_ARGV,
-                    user="0:0" if privsep() else f"{SANDBOX_UID}:{SANDBOX_GID}",
+                    user="0:0" if self._privsep() else f"{SANDBOX_UID}:{SANDBOX_GID}",
                     working_dir=self.config.workdir,
                     # the engine refuses a hostname with a container: network; the holder has it
                     hostname=None if holder else "sandbox",

@@ -23,7 +23,14 @@ from pathlib import Path
 IMAGE_REPO = "sandflow/sandbox"
 SUITE = "bookworm"
 SANDBOX_USER = "sandbox"
-SANDBOX_UID = 1000
+# The sandbox user's uid (and gid): no account of any host. At 1000 it was the first real
+# user of most machines (here `cloudsdk`), and a uid shares per-uid kernel state with every
+# process of it, sandbox or not: the keyring, RLIMIT_NPROC, inotify instances, mqueue bytes,
+# pipe buffers. 2,100,000,000 lies above the ranges hosts hand out (Debian's users stop at
+# 59,999 and its subordinate ids at 600,100,000; sssd's id mapping at 2,000,200,000; systemd
+# containers at 1,879,048,191) and below 2**31 (no signedness trouble); tests check it is
+# in no /etc/passwd of the host that runs them.
+SANDBOX_UID = 2_100_000_000
 WORKDIR = "/testbed"
 
 # What every task can count on. Debian names, so both build paths install the same.
@@ -101,7 +108,8 @@ class ImageSpec:
             "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "
             f"--no-install-recommends \\\n    {pkgs} \\\n"
             " && rm -rf /var/lib/apt/lists/*\n"
-            f"RUN useradd -m -u {self.uid} -s /bin/bash {self.user} "
+            f"RUN groupadd -g {self.uid} {self.user} "
+            f"&& useradd -l -m -u {self.uid} -g {self.uid} -s /bin/bash {self.user} "
             f"&& mkdir -p {self.workdir} && chown {self.uid}:{self.uid} {self.workdir}\n"
             f'LABEL sandflow.image="1" sandflow.content_hash="{self.content_hash}"\n'
             f"ENV {_env_line()}\n"
@@ -203,7 +211,9 @@ def build_rootfs(spec: ImageSpec = DEFAULT_SPEC, *, force: bool = False, log=pri
                 str(tmp),
                 "sh",
                 "-c",
-                f"useradd -m -u {spec.uid} -s /bin/bash {spec.user} && "
+                # -l: no lastlog/faillog entry (a sparse file of uid x 292 bytes: 600 GB)
+                f"groupadd -g {spec.uid} {spec.user} && "
+                f"useradd -l -m -u {spec.uid} -g {spec.uid} -s /bin/bash {spec.user} && "
                 f"mkdir -p {spec.workdir} && chown {spec.uid}:{spec.uid} {spec.workdir} && "
                 "apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin",
             ]

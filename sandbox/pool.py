@@ -548,6 +548,7 @@ def pool_key(config: SandboxConfig) -> tuple[Any, ...]:
         config.workdir,
         tuple(sorted(config.env.items())),
         config.docker_host,
+        config.runtime,
     )
 
 

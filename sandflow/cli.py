@@ -7,6 +7,7 @@ group (the libraries below have no CLI of their own):
     commands/sql.py        sql, warehouse ...          (warehouse/)
     commands/pipeline.py   bench, flows ...            (flows/, analysis/)
     commands/rl.py         rl ...                      (rl/)
+    commands/data.py       data ...                    (datagen/, flows/data.py)
     commands/compare.py    compare                     (analysis/, warehouse/)
     viewer/cli.py          view                        (the web viewer, sandflow/viewer/)
 
@@ -33,9 +34,9 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from sandflow.commands import compare, episode, pipeline, rl, sandbox, sql, tasksets
+    from sandflow.commands import compare, data, episode, pipeline, rl, sandbox, sql, tasksets
 
-    for module in (sandbox, episode, sql, tasksets, pipeline, rl, compare):
+    for module in (sandbox, episode, sql, tasksets, pipeline, rl, data, compare):
         module.register(app)
 
 
@@ -65,6 +66,9 @@ _register()
 
 
 def main() -> None:
+    from sandflow.console import plain_usage_errors
+
+    plain_usage_errors()  # off a terminal: typer's own errors on one line, never wrapped
     app()
 
 

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     # "pool": warm sandboxes reset between episodes; "fresh": one per episode. None: the
     # command's default (runs: fresh; `rl serve`: pool). docs/sandbox.md, "Warm pool".
     sandbox_reuse: Literal["pool", "fresh"] | None = None
+    # docker only: the engine's OCI runtime for sandboxes, by its registered name ("runsc":
+    # gVisor, opt-in, docs/sandbox.md "gVisor"). None: the engine's default (runc).
+    sandbox_runtime: str | None = None
 
     # Warehouse
     warehouse: Path = Path(DEFAULT_ROOT)

@@ -37,17 +37,17 @@ EXIT_INTERRUPTED = 130
 
 
 def console() -> Console:
-    """The terminal for results (stdout)."""
-    from rich.console import Console
+    """The console for results (stdout): sandflow.console, which never wraps off a terminal."""
+    from sandflow import console as term
 
-    return Console(highlight=False)
+    return term.console()
 
 
 def err_console() -> Console:
-    """The terminal for errors, warnings and progress notes (stderr)."""
-    from rich.console import Console
+    """The console for errors, warnings and progress notes (stderr)."""
+    from sandflow import console as term
 
-    return Console(stderr=True, highlight=False)
+    return term.err_console()
 
 
 def fail(

@@ -82,6 +82,7 @@ apt_install() {  # apt_install PKG... (only the missing ones)
 PKGS=(bubblewrap slirp4netns debootstrap squid)  # squid: the egress proxy (network allowlist)
 PKGS+=(ulogd2 ulogd2-json)  # the egress firewall's refusals, recorded (sandbox/egress_firewall.py)
 PKGS+=(python3.11-doc)  # datasets: Python docs as long-context documents
+PKGS+=(libseccomp2)  # the bwrap sandbox's syscall filter, compiled by it (sandbox/seccomp.py)
 if [ $WITH_ENGINE = 1 ] && ! command -v dockerd >/dev/null 2>&1 && ! timeout 10 docker info >/dev/null 2>&1; then
   PKGS+=(docker.io)
 fi

@@ -66,6 +66,7 @@ class RunSpec(BaseModel):
     image: str | None = None
     network: str = "none"
     sandbox_reuse: str = Field("fresh", description="fresh sandbox per episode, or 'pool' (reset and reused)")
+    sandbox_runtime: str | None = Field(None, description="docker: the engine's OCI runtime ('runsc': gVisor); None: runc")
     # the run: where it is recorded, how wide it fans out, how it recovers
     warehouse: str | None = Field(None, description="None: episodes are not recorded there")
     concurrency: int = 4
@@ -129,6 +130,7 @@ class RunSpec(BaseModel):
             run_id=run_id or self.run_id or "adhoc",
             limits=SandboxLimits(network=self.network),
             reuse=self.sandbox_reuse,  # pydantic checks "pool" / "fresh"
+            runtime=self.sandbox_runtime,
         )
 
     def public_dict(self) -> dict[str, Any]:

@@ -29,11 +29,21 @@ def test_import_contracts_hold() -> None:
     assert "0 broken" in r.stdout
 
 
+def test_datagen_and_rl_are_siblings_between_flows_and_analysis() -> None:
+    """RL data from raw text (datagen/) needs the model client and runs, like rl/; neither
+    imports the other, both sit above analysis/ and below flows/ (issue #24)."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c["layers"] for c in config["contracts"] if c["type"] == "layers")
+    assert layers.index("rl | datagen") == layers.index("flows") + 1 < layers.index("analysis")
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert "datagen*" in packages["include"]
+
+
 def test_the_engine_is_under_every_entry_point_and_above_the_episode() -> None:
     """engine/ (issue #23): below flows/ and rl/ (which run episodes through it), above
     analysis/ and everything an episode needs; Prefect is forbidden to it."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
     layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
-    assert layers.index("rl") < layers.index("engine") < layers.index("analysis")
+    assert layers.index("rl | datagen") < layers.index("engine") < layers.index("analysis")
     no_prefect = next(c for c in config["contracts"] if "prefect" in c.get("forbidden_modules", []))
     assert "engine" in no_prefect["source_modules"]

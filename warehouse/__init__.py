@@ -50,9 +50,11 @@ API (everything below is importable from ``warehouse``)::
     # Maintenance
     wh.compact(run_id)                         # one file per table, atomic, idempotent
 
-Views: runs, episodes, turns, scores, stale_scores, usage, partial_turns, tool_calls, accuracy,
-accuracy_by_verifier, episode_tokens, capability_usage, slow_tools, timeouts, errors
-(see warehouse.query). User guide: docs/warehouse.md.
+    # Exports for other tools (not warehouse tables): rows in a schema, written atomically
+    write_export(rows, schema, path)           # the rollouts flow's RL files
+
+Views: every one, with its SQL and help, is in warehouse/views.py (the session that builds
+them: warehouse.query). User guide: docs/warehouse.md.
 Layout and file-level guarantees: see warehouse.layout; schemas: warehouse.schema.
 """
 
@@ -87,12 +89,14 @@ _EXPORTS = {
     "Warehouse": "warehouse.store",
     "RunTasksError": "warehouse.tasksets",
     "EpisodeWriter": "warehouse.writer",
+    "write_export": "warehouse.exports",
     "RecordError": "warehouse.commit",
 }
 
 if TYPE_CHECKING:
     from warehouse.commit import RecordError
     from warehouse.compact import CompactionResult
+    from warehouse.exports import write_export
     from warehouse.labels import CAPABILITIES, ScoreRow, UsageRow
     from warehouse.query import (
         RunNotFound,
@@ -141,4 +145,5 @@ __all__ = [
     "WarehouseQueryError",
     "connect",
     "schema_for",
+    "write_export",
 ]

@@ -33,11 +33,12 @@ from pathlib import Path
 
 import duckdb
 
+from warehouse.badfiles import prime, verify_and_remember
 from warehouse.layout import FileId, Layout, Manifest, fsync_dir, new_id
 from warehouse.query import projected_source
 from warehouse.schema import META_PROMPT_DELTAS, file_metadata, schema_for
 from warehouse.tempfiles import DUCKDB_TMP_PREFIX
-from warehouse.validate import BadFile, FileInfo, validate_files, verify_files
+from warehouse.validate import BadFile, FileInfo, validate_files
 
 # Turns carry ~2 KB of text each: 8,192 rows (~20 MB) a row group, so reading one episode's
 # turns (the viewer's episode page) decompresses one small row group (~0.1 s instead of ~1 s
@@ -179,6 +180,7 @@ def _compact_run(
     # Snapshot turns before episodes: a turns file is always written before its episode
     # file, so every turns attempt we miss here is newer than the episodes we see.
     snaps: dict[str, list[Path]] = {t: layout.partition_files(t, run_id) for t in COMPACT_TABLES}
+    prime(layout.root)  # files found bad before stay out of the merge (warehouse.badfiles)
     # Each episode's current attempt, materialized now (the episode files may be deleted
     # before the turns are merged).
     ep_good, _ = validate_files(snaps["episodes"], "episodes")
@@ -196,7 +198,7 @@ def _compact_run(
                 f"SELECT episode_id, write_id FROM ({source}) {_DEDUP['episodes']}"
             )
         except duckdb.Error as exc:  # a file with corrupt data pages: find it, leave it out
-            ep_good = _without_corrupt(ep_good, "episodes", exc, result=None)
+            ep_good = _without_corrupt(layout.root, ep_good, "episodes", exc, result=None)
             continue
         kept = dict(con.execute("SELECT episode_id, write_id FROM kept_episodes").fetchall())
         break
@@ -216,7 +218,7 @@ def _compact_run(
                 merged = _merge(con, table, part, good_info, kept)
                 break
             except duckdb.Error as exc:
-                good_info = _without_corrupt(good_info, table, exc, result)
+                good_info = _without_corrupt(layout.root, good_info, table, exc, result)
         if merged is None:
             continue
         name, count = merged
@@ -262,7 +264,11 @@ def _merge(
 
 
 def _without_corrupt(
-    infos: list[FileInfo], table: str, exc: duckdb.Error, result: CompactionResult | None
+    root: Path,
+    infos: list[FileInfo],
+    table: str,
+    exc: duckdb.Error,
+    result: CompactionResult | None,
 ) -> list[FileInfo]:
     """`infos` minus the files whose data pages do not decode; re-raise `exc` if none.
 
@@ -270,7 +276,7 @@ def _without_corrupt(
     when DuckDB reads it, with an error that need not name it. Such files are left out
     of the merge (and stay on disk, visible as bad files), never deleted.
     """
-    bad = verify_files([i.path for i in infos], table)
+    bad = verify_and_remember(root, [i.path for i in infos], table)
     if not bad:
         raise exc
     if result is not None:

@@ -3,56 +3,29 @@
 Writing: records -> Arrow tables in the warehouse schemas, built column-wise rather than
 row dict by row dict (an episode of 100 turns converts in about a millisecond, which keeps
 `finish_episode` cheap for the agent loop). Reading: a view's row -> the record it stores
-(`episode_record`, `turn_record`), so readers get the same contract types back.
+(`episode_record`, `turn_record`), so readers get the same contract types back. Both
+directions follow the column tables of warehouse/fields.py: nothing here names a field
+except what the writer itself gives (write_id, written_at, prompt ids stored as deltas).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
 
-from datasets_prep.secrets import scrub
-from tasks.records import (
-    INFRA_TERMINATIONS,
-    EgressRequest,
-    EpisodeRecord,
-    Observation,
-    ToolCall,
-    TurnRecord,
-    Usage,
-)
-from warehouse.schema import EGRESS, META_PROMPT_DELTAS, OBSERVATION, TOOL_CALL, schema_for
-
-
-def utc(ts: datetime | None) -> datetime | None:
-    """Naive datetimes are taken as UTC (what the agent loop records)."""
-    if ts is None:
-        return None
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
-
-
-def ts_array(values: Sequence[datetime | None]) -> pa.Array:
-    """Datetimes -> timestamp[us, UTC] without pyarrow's pandas-backed conversion path."""
-    micros = [None if v is None else (utc(v) - _EPOCH) // _US for v in values]  # type: ignore[operator]
-    return pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+from tasks.records import EpisodeRecord, TurnRecord
+from warehouse import fields
+from warehouse.fields import dumps as dumps
+from warehouse.fields import ts_array as ts_array
+from warehouse.fields import utc as utc
+from warehouse.schema import META_PROMPT_DELTAS, schema_for
 
 
 def now_utc() -> datetime:
     return datetime.now(UTC)
-
-
-def dumps(obj: Any) -> str | None:
-    if obj is None:
-        return None
-    return json.dumps(obj, ensure_ascii=False, default=str, separators=(",", ":"))
 
 
 def prompt_id_deltas(
@@ -64,7 +37,7 @@ def prompt_id_deltas(
     storing them in full is quadratic in the turns. Returns the ids to store and, per
     turn, how many leading ids were left out (None: stored in full). `turns` is sorted by
     turn_index; with a repeated index nothing is left out (the chain would be ambiguous).
-    The `turns` view puts the full ids back (warehouse.query.FULL_PROMPT_IDS).
+    The `turns` view puts the full ids back (warehouse.views.FULL_PROMPT_IDS).
     """
     stored: list[list[int] | None] = [t.prompt_token_ids for t in turns]
     prefix: list[int | None] = [None] * len(turns)
@@ -92,115 +65,35 @@ def turns_table(
         prompt_ids, prefix_len = prompt_id_deltas(turns)
     else:
         prompt_ids, prefix_len = [t.prompt_token_ids for t in turns], [None] * len(turns)
-    tool_calls = [
-        [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in t.tool_calls]
-        for t in turns
-    ]
-    observations = [
-        [
-            {
-                "tool_call_id": o.tool_call_id,
-                "name": o.name,
-                "content": o.content,
-                "exit_code": o.exit_code,
-                "timed_out": o.timed_out,
-                "oom_killed": o.oom_killed,
-                "truncated": o.truncated,
-                "error": o.error,
-                "duration_s": o.duration_s,
-            }
-            for o in t.observations
-        ]
-        for t in turns
-    ]
-    egress = [
-        [
-            {
-                **e.model_dump(exclude={"time", "url"}),
-                "time": utc(e.time),
-                "url": None if e.url is None else scrub(e.url),
-            }
-            for e in t.egress
-        ]
-        or None
-        for t in turns
-    ]
     schema = schema_for("turns")
     if any(n is not None for n in prefix_len):
         schema = schema.with_metadata({**(schema.metadata or {}), META_PROMPT_DELTAS: b"1"})
-    cols: dict[str, pa.Array] = {
-        "run_id": pa.array([t.run_id for t in turns], pa.string()),
-        "episode_id": pa.array([t.episode_id for t in turns], pa.string()),
-        "write_id": pa.array([write_id] * len(turns), pa.string()),
-        "turn_index": pa.array([t.turn_index for t in turns], pa.int32()),
-        "started_at": ts_array([t.started_at for t in turns]),
-        "assistant_content": pa.array([t.assistant_content for t in turns], pa.string()),
-        "reasoning_content": pa.array([t.reasoning_content for t in turns], pa.string()),
-        "tool_calls": pa.array(tool_calls, pa.list_(TOOL_CALL)),
-        "observations": pa.array(observations, pa.list_(OBSERVATION)),
-        "num_tool_calls": pa.array([len(t.tool_calls) for t in turns], pa.int32()),
-        "extra_messages": pa.array(
-            [dumps(t.extra_messages) if t.extra_messages else None for t in turns], pa.string()
-        ),
-        "finish_reason": pa.array([t.finish_reason for t in turns], pa.string()),
-        "model_latency_s": pa.array([t.model_latency_s for t in turns], pa.float64()),
-        "tool_latency_s": pa.array([t.tool_latency_s for t in turns], pa.float64()),
-        "prompt_tokens": pa.array([t.usage.prompt_tokens for t in turns], pa.int64()),
-        "completion_tokens": pa.array([t.usage.completion_tokens for t in turns], pa.int64()),
-        "cached_tokens": pa.array([t.usage.cached_tokens for t in turns], pa.int64()),
-        "reasoning_tokens": pa.array([t.usage.reasoning_tokens for t in turns], pa.int64()),
-        "prompt_token_ids": pa.array(prompt_ids, pa.list_(pa.int32())),
-        "completion_token_ids": pa.array(
-            [t.completion_token_ids for t in turns], pa.list_(pa.int32())
-        ),
-        "completion_logprobs": pa.array(
-            [t.completion_logprobs for t in turns], pa.list_(pa.float64())
-        ),
-        "error": pa.array([t.error for t in turns], pa.string()),
-        "request_max_tokens": pa.array([t.request_max_tokens for t in turns], pa.int32()),
-        "attempts": pa.array([t.attempts for t in turns], pa.int32()),
-        "prompt_token_ids_prefix_len": pa.array(prefix_len, pa.int32()),
-        "egress": pa.array(egress, pa.list_(EGRESS)),
+    given: dict[str, list[Any]] = {
+        "write_id": [write_id] * len(turns),
+        "prompt_token_ids": prompt_ids,
+        "prompt_token_ids_prefix_len": prefix_len,
     }
-    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
+    arrays = [
+        fields.array(col, given[col.name] if col.name in given else fields.values(col, turns))
+        for col in fields.TURN_COLUMNS
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def episode_row(
     ep: EpisodeRecord, write_id: str, written_at: datetime | None = None
 ) -> dict[str, Any]:
-    return {
-        "run_id": ep.run_id,
-        "episode_id": ep.episode_id,
-        "write_id": write_id,
-        "task_id": ep.task_id,
-        "domain": ep.domain,
-        "mode": ep.mode,
-        "sample_index": ep.sample_index,
-        "model": ep.model,
-        "started_at": utc(ep.started_at),
-        "ended_at": utc(ep.ended_at),
-        "termination": ep.termination,
-        "is_infra_failure": ep.termination in INFRA_TERMINATIONS,
-        "error": ep.error,
-        "answer": ep.answer,
-        "prompt_messages": dumps(scrub(ep.prompt_messages)),
-        "num_turns": ep.num_turns,
-        "prompt_tokens": ep.prompt_tokens,
-        "completion_tokens": ep.completion_tokens,
-        "cached_tokens": ep.cached_tokens,
-        "wall_s": ep.wall_s,
-        "model_s": ep.model_s,
-        "tool_s": ep.tool_s,
-        "config": dumps(scrub(ep.config)),
-        "written_at": written_at or now_utc(),
-        "reasoning_tokens": ep.reasoning_tokens,
-        "answer_source": ep.answer_source,
-        "training_run": ep.training_run,
-        "training_step": ep.training_step,
-        "policy_version": ep.policy_version,
-        "token_ids_status": ep.token_ids_status,
-        "output_export": None if ep.output_export is None else dumps(scrub(ep.output_export)),
-    }
+    """An episode's row in the `episodes` schema (fields.EPISODE_COLUMNS)."""
+    given: dict[str, Any] = {"write_id": write_id, "written_at": written_at or now_utc()}
+    row: dict[str, Any] = {}
+    for col in fields.EPISODE_COLUMNS:
+        if col.name in given:
+            row[col.name] = given[col.name]
+        else:
+            row[col.name] = col.get(ep)
+        if col.type == fields.TS:
+            row[col.name] = utc(row[col.name])
+    return row
 
 
 def rows_table(table: str, rows: Iterable[dict[str, Any]]) -> pa.Table:
@@ -234,73 +127,11 @@ def rows_table(table: str, rows: Iterable[dict[str, Any]]) -> pa.Table:
 
 
 # ------------------------------------------------------------------ rows -> records
-def _loads(text: str | None, default: Any) -> Any:
-    if not text:
-        return default
-    try:
-        return json.loads(text)
-    except ValueError:
-        return default
-
-
 def episode_record(r: dict[str, Any]) -> EpisodeRecord:
     """A row of the `episodes` view -> the EpisodeRecord it stores."""
-    return EpisodeRecord(
-        run_id=r["run_id"],
-        episode_id=r["episode_id"],
-        task_id=r["task_id"] or "",
-        domain=r["domain"] or "",
-        mode=r["mode"] or "sandbox",
-        sample_index=r["sample_index"] or 0,
-        model=r["model"] or "",
-        started_at=r["started_at"],
-        ended_at=r["ended_at"],
-        termination=r["termination"],
-        error=r["error"],
-        answer=r["answer"],
-        prompt_messages=_loads(r.get("prompt_messages"), []),
-        num_turns=r["num_turns"] or 0,
-        prompt_tokens=r["prompt_tokens"] or 0,
-        completion_tokens=r["completion_tokens"] or 0,
-        cached_tokens=r["cached_tokens"] or 0,
-        wall_s=r["wall_s"] or 0.0,
-        model_s=r["model_s"] or 0.0,
-        tool_s=r["tool_s"] or 0.0,
-        config=_loads(r.get("config"), {}),
-        reasoning_tokens=r.get("reasoning_tokens") or 0,
-        answer_source=r.get("answer_source"),
-    )
+    return EpisodeRecord(**fields.record_kwargs(fields.EPISODE_COLUMNS, r))
 
 
 def turn_record(r: dict[str, Any]) -> TurnRecord:
     """A row of the `turns` view -> the TurnRecord it stores."""
-    return TurnRecord(
-        run_id=r["run_id"],
-        episode_id=r["episode_id"],
-        turn_index=r["turn_index"],
-        started_at=r["started_at"],
-        assistant_content=r["assistant_content"],
-        reasoning_content=r["reasoning_content"],
-        tool_calls=[ToolCall(**c) for c in (r["tool_calls"] or [])],
-        observations=[
-            Observation(**{k: v for k, v in o.items() if v is not None or k in ("exit_code", "error")})
-            for o in (r["observations"] or [])
-        ],
-        extra_messages=_loads(r.get("extra_messages"), []),
-        finish_reason=r["finish_reason"],
-        model_latency_s=r["model_latency_s"] or 0.0,
-        tool_latency_s=r["tool_latency_s"] or 0.0,
-        usage=Usage(
-            prompt_tokens=r["prompt_tokens"],
-            completion_tokens=r["completion_tokens"],
-            cached_tokens=r["cached_tokens"],
-            reasoning_tokens=r.get("reasoning_tokens"),
-        ),
-        prompt_token_ids=r["prompt_token_ids"],
-        completion_token_ids=r["completion_token_ids"],
-        completion_logprobs=r["completion_logprobs"],
-        error=r["error"],
-        request_max_tokens=r.get("request_max_tokens"),
-        attempts=r.get("attempts") or 1,
-        egress=[EgressRequest(**x) for x in (r.get("egress") or [])],
-    )
+    return TurnRecord(**fields.record_kwargs(fields.TURN_COLUMNS, r))

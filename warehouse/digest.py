@@ -46,10 +46,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from warehouse.badfiles import verify_and_remember
 from warehouse.layout import _DICT_COLUMNS, _STAT_COLUMNS, PARQUET_COMPRESSION, new_id
 from warehouse.schema import META_PROMPT_DELTAS, file_metadata, schema_for
 from warehouse.tempfiles import locked_temp
-from warehouse.validate import FileInfo, validate_files, verify_files
+from warehouse.validate import FileInfo, validate_files
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def _build(
         try:
             return _write(project, con, d, table, good, idents, merge, now)
         except (duckdb.Error, pa.ArrowException) as exc:  # a file whose pages do not decode
-            bad = {b.path for b in verify_files([i.path for i in good], table)}
+            bad = {b.path for b in verify_and_remember(root, [i.path for i in good], table)}
             if not bad:
                 log.warning("warehouse: no digest for %s/%s: %s", table, run_id, exc)
                 return None

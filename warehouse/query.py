@@ -3,28 +3,13 @@
 DuckDB only *reads*: no database file exists, so nothing ever holds a lock that would
 block a writer or another reader. `WarehouseQuery` lists each table's files (a consistent
 snapshot, see layout.py), validates them (validate.py: bad ones are left out with a
-warning naming them), reads the episode and run files at once (their names are rewritten
-in place; the turns shown are chosen from exactly those rows), and creates:
-
-Base views (the current state: idempotent re-records and re-scores resolved)
-  runs, episodes, turns, scores, usage   (scores: stale ones, of a re-recorded attempt, left out)
-  stale_scores     scores of an attempt since re-recorded (re-score to replace them)
-  partial_turns    turns still in journals: live episodes, orphans, recovered attempts
-  tool_calls       one row per tool call, joined with its observation
-
-Ready-made views (the common questions)
-  accuracy         accuracy by run x model x domain x mode (infra failures counted apart)
-  accuracy_by_verifier  the same split by verifier
-  episode_tokens   tokens, turns and tool calls per episode (from the turns)
-  capability_usage share of sandbox turns using each capability, by domain x mode
-  slow_tools       tool-call latency percentiles and time-outs by tool
-  timeouts         commands that timed out, slowest first
-  errors           episodes by termination reason, with an example error
-
-Nightly lineage and statistics (warehouse/series.py; docs/statistics.md)
-  episode_outcomes, run_series, nightly_diff, flaky_tasks, pass_at_k
-
-The raw files are reachable as ``_raw_<table>`` (every attempt, every batch).
+warning naming them; badfiles.py: so are files any session found bad before), reads the
+episode and run files at once (their names are rewritten in place; the turns shown are
+chosen from exactly those rows), builds the raw views ``_raw_<table>`` (every attempt,
+every batch), the current ``turns`` and ``partial_turns`` (turns still in journals), and
+then creates every view of warehouse/views.py in order: the current state (``runs``,
+``episodes``, ``scores`` ...), the common questions (``accuracy``, ``tool_calls`` ...)
+and the statistics views of warehouse/series.py.
 
 Read-only by default. Once the views exist, the connection is closed around the warehouse
 with DuckDB's own settings: ``enable_external_access = false`` with the warehouse root as
@@ -41,7 +26,9 @@ A file whose header and footer are fine but whose data pages are corrupt passes 
 snapshot's checks and fails inside a query with an error that may name no file. Such an
 error makes the session read its files in full (validate.verify_data, cached per file) to
 find the culprit; it is then left out like any other bad file (a warning names it,
-``snapshot.bad`` lists it) and the query runs again without it.
+``snapshot.bad`` lists it) and the query runs again without it. It is also written to the
+warehouse's list of known-bad files (badfiles.py), so every later session, in any
+process, leaves it out from the start and every count agrees.
 """
 
 from __future__ import annotations
@@ -58,21 +45,24 @@ from typing import Any, TypeVar
 import duckdb
 import pyarrow as pa
 
+from warehouse.badfiles import prime, remember
 from warehouse.digest import DIGESTED_TABLES, plan_partition
 from warehouse.journal import is_live, read_journal
 from warehouse.layout import Layout
 from warehouse.recovery import recovered_journals
 from warehouse.schema import TABLES, schema_for
-from warehouse.series import SERIES_VIEW_HELP, SERIES_VIEWS
 from warehouse.validate import (
     BadFile,
     FileInfo,
     FilesVanished,
+    known_bad,
     named_in,
     quarantine,
     validate_files,
     verify_files,
 )
+from warehouse.views import FULL_PROMPT_IDS, VIEWS
+from warehouse.views import VIEW_HELP as VIEW_HELP  # callers read the listed views here too
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -233,265 +223,9 @@ def projected_source(table: str, files: list[FileInfo], with_filename: bool = Fa
     return " UNION ALL ".join(parts)
 
 
-# The `turns` view's prompt_token_ids in full: a turn stored as a delta on the previous
-# turn's prompt (prompt_token_ids_prefix_len set; warehouse.convert.prompt_id_deltas) gets
-# the ids of its chain so far (the turns since the last one stored in full) concatenated.
-# Only applied when a file of the snapshot holds deltas (its footer says so); queries that
-# do not select prompt_token_ids skip the windows even then (DuckDB drops unused ones).
-FULL_PROMPT_IDS = """
-    SELECT * EXCLUDE (_prompt_chain) REPLACE (
-        CASE WHEN prompt_token_ids_prefix_len IS NULL THEN prompt_token_ids
-             ELSE flatten(list(prompt_token_ids) OVER (
-                 PARTITION BY run_id, episode_id, write_id, _prompt_chain ORDER BY turn_index
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))
-        END AS prompt_token_ids)
-    FROM (
-        SELECT *, count(*) FILTER (WHERE prompt_token_ids_prefix_len IS NULL) OVER (
-            PARTITION BY run_id, episode_id, write_id ORDER BY turn_index
-            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _prompt_chain
-        FROM ({body})
-    )
-"""
-
 # Tables whose per-item files keep their name across rewrites (episodes/<episode_id>.parquet,
 # runs/.../run.parquet): the views read them at snapshot time, not lazily at query time.
 PINNED = ("runs", "episodes")
-
-# A score `s` is stale when episode `e`'s current attempt is not the one it judged: it
-# names another write_id, or (rows without one: older files) it predates the episode row.
-_STALE_SCORE = """
-    e.run_id = s.run_id AND e.episode_id = s.episode_id AND CASE
-        WHEN s.episode_write_id IS NOT NULL THEN s.episode_write_id <> e.write_id
-        ELSE coalesce(s.scored_at < e.written_at, false) END
-"""
-
-READY_VIEWS: dict[str, str] = {
-    "episodes": """
-        SELECT * FROM _raw_episodes
-        QUALIFY row_number() OVER (
-            PARTITION BY run_id, episode_id ORDER BY written_at DESC, write_id DESC) = 1
-    """,
-    # "turns" (the current attempts' turns) is built per file: _create_current_turns.
-    "turns": "",
-    # Newest batch per (episode, verifier), minus stale scores: those of an attempt the
-    # episode has since been re-recorded over (see _STALE_SCORE).
-    "_scores_newest": """
-        SELECT * FROM _raw_scores
-        QUALIFY batch_id = max(batch_id) OVER (PARTITION BY run_id, episode_id, verifier)
-    """,
-    "scores": f"""
-        SELECT s.* FROM _scores_newest s
-        WHERE NOT EXISTS (SELECT 1 FROM episodes e WHERE {_STALE_SCORE})
-    """,
-    "stale_scores": f"""
-        SELECT s.*, e.write_id AS current_write_id, e.written_at AS rerecorded_at
-        FROM _scores_newest s JOIN episodes e ON {_STALE_SCORE}
-    """,
-    "usage": """
-        SELECT * FROM _raw_usage
-        QUALIFY batch_id = max(batch_id) OVER (PARTITION BY run_id, episode_id, labeler)
-    """,
-    "runs": """
-        SELECT * FROM _raw_runs
-        QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY written_at DESC) = 1
-    """,
-    # one row per request through the egress proxy, with the turn it ended in
-    "egress": """
-        SELECT run_id, episode_id, turn_index, unnest(e),
-               coalesce(contains(e.result, 'HIT') OR contains(e.result, '_CF_')
-                        OR e.result = 'TCP_REFRESH_UNMODIFIED', false)
-                   AS cache_hit  -- sandbox.egress.EgressRecord.cache_hit
-        FROM (SELECT run_id, episode_id, turn_index, unnest(egress) AS e
-              FROM turns WHERE egress IS NOT NULL)
-    """,
-    "tool_calls": """
-        WITH c AS (
-            SELECT run_id, episode_id, turn_index, observations,
-                   unnest(tool_calls) AS call,
-                   generate_subscripts(tool_calls, 1) - 1 AS call_index
-            FROM turns
-        ), j AS (
-            SELECT *, list_filter(observations, lambda x: x.tool_call_id = call.id)[1] AS o FROM c
-        )
-        SELECT run_id, episode_id, turn_index, call_index,
-               call.name AS tool, call.id AS tool_call_id, call.arguments AS arguments,
-               -- execute_bash: the shell command; str_replace_editor: "<command> <path>"
-               CASE WHEN json_valid(call.arguments)
-                    THEN nullif(concat_ws(' ',
-                             json_extract_string(call.arguments, '$.command'),
-                             json_extract_string(call.arguments, '$.path')), '')
-               END AS command,
-               o.exit_code, o.timed_out, o.oom_killed, o.truncated, o.error,
-               o.duration_s, length(o.content) AS output_chars
-        FROM j
-    """,
-    # One verdict per episode: its newest score (any verifier; tasks of one domain may use
-    # different verifiers). Infra failures are counted apart, never as wrong answers.
-    "accuracy": """
-        WITH s AS (
-            SELECT run_id, episode_id, verifier, score FROM scores
-            QUALIFY row_number() OVER (
-                PARTITION BY run_id, episode_id ORDER BY scored_at DESC, verifier) = 1
-        )
-        SELECT e.run_id, e.model, e.domain, e.mode,
-               count(*) AS episodes,
-               count(*) FILTER (WHERE e.is_infra_failure) AS infra_failures,
-               count(s.score) FILTER (WHERE NOT e.is_infra_failure) AS scored,
-               round(avg(s.score) FILTER (WHERE NOT e.is_infra_failure), 4) AS accuracy,
-               round(avg(e.num_turns), 2) AS avg_turns,
-               round(avg(e.prompt_tokens + e.completion_tokens), 1) AS avg_tokens,
-               string_agg(DISTINCT s.verifier, ',' ORDER BY s.verifier) AS verifiers
-        FROM episodes e LEFT JOIN s USING (run_id, episode_id)
-        GROUP BY e.run_id, e.model, e.domain, e.mode
-        ORDER BY e.run_id, e.domain, e.mode
-    """,
-    "accuracy_by_verifier": """
-        SELECT e.run_id, e.model, e.domain, e.mode, s.verifier,
-               count(*) AS episodes,
-               count(*) FILTER (WHERE e.is_infra_failure) AS infra_failures,
-               count(s.score) FILTER (WHERE NOT e.is_infra_failure) AS scored,
-               round(avg(s.score) FILTER (WHERE NOT e.is_infra_failure), 4) AS accuracy
-        FROM episodes e JOIN scores s USING (run_id, episode_id)
-        GROUP BY ALL
-        ORDER BY e.run_id, e.domain, e.mode, s.verifier
-    """,
-    "episode_tokens": """
-        WITH t AS (
-            SELECT run_id, episode_id,
-                   count(*) AS turns,
-                   sum(coalesce(prompt_tokens, 0)) AS prompt_tokens,
-                   sum(coalesce(completion_tokens, 0)) AS completion_tokens,
-                   sum(coalesce(cached_tokens, 0)) AS cached_tokens,
-                   sum(coalesce(reasoning_tokens, 0)) AS reasoning_tokens,
-                   sum(num_tool_calls) AS tool_calls,
-                   max(prompt_tokens) AS peak_prompt_tokens
-            FROM turns GROUP BY run_id, episode_id
-        )
-        SELECT e.run_id, e.episode_id, e.task_id, e.domain, e.mode, e.model, e.termination,
-               coalesce(t.turns, 0) AS turns,
-               coalesce(t.prompt_tokens, e.prompt_tokens) AS prompt_tokens,
-               coalesce(t.completion_tokens, e.completion_tokens) AS completion_tokens,
-               coalesce(t.cached_tokens, e.cached_tokens) AS cached_tokens,
-               coalesce(t.reasoning_tokens, 0) AS reasoning_tokens,
-               coalesce(t.prompt_tokens, e.prompt_tokens)
-                 + coalesce(t.completion_tokens, e.completion_tokens) AS total_tokens,
-               t.peak_prompt_tokens,
-               coalesce(t.tool_calls, 0) AS tool_calls
-        FROM episodes e LEFT JOIN t USING (run_id, episode_id)
-    """,
-    "capability_usage": """
-        WITH tot AS (
-            SELECT run_id, domain, mode, sum(num_turns) AS turns, count(*) AS episodes
-            FROM episodes GROUP BY ALL
-        ), u AS (
-            SELECT DISTINCT u.run_id, e.domain, e.mode, u.episode_id, u.turn_index, u.capability
-            FROM usage u JOIN episodes e USING (run_id, episode_id)
-            WHERE u.capability <> 'none'
-        )
-        SELECT u.run_id, u.domain, u.mode, u.capability,
-               count(*) AS turns_with_capability, any_value(tot.turns) AS turns,
-               round(count(*) / nullif(any_value(tot.turns), 0), 4) AS rate
-        FROM u JOIN tot USING (run_id, domain, mode)
-        GROUP BY ALL
-        ORDER BY u.run_id, u.domain, u.mode, u.capability
-    """,
-    "slow_tools": """
-        SELECT tool, count(*) AS calls,
-               round(quantile_cont(duration_s, 0.5), 3) AS p50_s,
-               round(quantile_cont(duration_s, 0.95), 3) AS p95_s,
-               round(max(duration_s), 3) AS max_s,
-               count(*) FILTER (WHERE timed_out) AS timeouts,
-               count(*) FILTER (WHERE oom_killed) AS oom_kills,
-               count(*) FILTER (WHERE exit_code <> 0) AS nonzero_exits,
-               count(*) FILTER (WHERE error IS NOT NULL) AS tool_errors
-        FROM tool_calls GROUP BY tool ORDER BY p95_s DESC NULLS LAST
-    """,
-    "timeouts": """
-        SELECT c.run_id, e.domain, e.task_id, c.episode_id, c.turn_index, c.tool,
-               c.command, round(c.duration_s, 2) AS duration_s, c.exit_code
-        FROM tool_calls c JOIN episodes e USING (run_id, episode_id)
-        WHERE c.timed_out
-        ORDER BY c.duration_s DESC
-    """,
-    "errors": """
-        SELECT run_id, coalesce(termination, 'unfinished') AS termination,
-               any_value(is_infra_failure) AS infra, count(*) AS episodes,
-               any_value(error) FILTER (WHERE error IS NOT NULL) AS example_error
-        FROM episodes GROUP BY ALL ORDER BY run_id, episodes DESC
-    """,
-    # RL rollouts (rl/): one row per training run x step x policy version, over every
-    # warehouse run that recorded them (the env's and the rollout server's).
-    "rl_steps": """
-        WITH s AS (
-            SELECT run_id, episode_id, score FROM scores
-            QUALIFY row_number() OVER (
-                PARTITION BY run_id, episode_id ORDER BY scored_at DESC, verifier) = 1
-        ), t AS (
-            SELECT run_id, episode_id, sum(num_tool_calls) AS tool_calls FROM turns GROUP BY ALL
-        )
-        SELECT e.training_run, e.training_step, e.policy_version,
-               count(*) AS episodes,
-               count(*) FILTER (WHERE e.is_infra_failure) AS infra_failures,
-               round(avg(s.score) FILTER (WHERE NOT e.is_infra_failure), 4) AS mean_reward,
-               round(avg(e.num_turns), 2) AS avg_turns,
-               round(avg(e.prompt_tokens + e.completion_tokens), 1) AS avg_tokens,
-               round(avg(e.completion_tokens), 1) AS avg_completion_tokens,
-               round(sum(t.tool_calls) / nullif(sum(e.num_turns), 0), 3) AS tool_calls_per_turn,
-               round(avg(CAST(e.termination = 'submitted' AS INTEGER)), 4) AS submitted_rate,
-               round(avg(CAST(e.termination = 'max_steps' AS INTEGER)), 4) AS max_steps_rate,
-               round(avg(CAST(e.termination = 'context_exhausted' AS INTEGER)), 4)
-                   AS context_exhausted_rate,
-               round(avg(CAST(e.token_ids_status = 'exact' AS INTEGER)), 4) AS exact_token_rate
-        FROM episodes e LEFT JOIN s USING (run_id, episode_id) LEFT JOIN t USING (run_id, episode_id)
-        WHERE e.training_run IS NOT NULL
-        GROUP BY ALL ORDER BY e.training_run, e.training_step NULLS FIRST, e.policy_version
-    """,
-    "rl_capability_usage": """
-        WITH tot AS (
-            SELECT training_run, training_step, sum(num_turns) AS turns FROM episodes
-            WHERE training_run IS NOT NULL GROUP BY ALL
-        ), u AS (
-            SELECT DISTINCT e.training_run, e.training_step, u.episode_id, u.turn_index,
-                   u.capability
-            FROM usage u JOIN episodes e USING (run_id, episode_id)
-            WHERE e.training_run IS NOT NULL AND u.capability <> 'none'
-        )
-        SELECT u.training_run, u.training_step, u.capability,
-               count(*) AS turns_with_capability, any_value(tot.turns) AS turns,
-               round(count(*) / nullif(any_value(tot.turns), 0), 4) AS rate
-        FROM u JOIN tot ON u.training_run = tot.training_run
-             AND u.training_step IS NOT DISTINCT FROM tot.training_step
-        GROUP BY ALL ORDER BY u.training_run, u.training_step NULLS FIRST, u.capability
-    """,
-}
-
-VIEW_HELP: dict[str, str] = {
-    "runs": "one row per run: model, image, dataset hash, config (no secrets), started/ended",
-    "episodes": "one row per episode (latest attempt): task, domain, mode, termination, totals",
-    "turns": "one row per turn of the current attempts: messages, tool calls, observations, usage",
-    "scores": "verifier scores (newest batch per episode x verifier; stale ones left out)",
-    "stale_scores": "scores of an attempt since re-recorded (re-run the score flow to replace them)",
-    "usage": "capability labels per tool call (newest batch per episode x labeler)",
-    "partial_turns": "turns still in journals (live / orphaned / recovered episodes)",
-    "egress": "one row per request through the egress proxy (network allowlist/open): time, "
-    "host, port, method, URL, status, bytes each way, allowed or denied with the rule, turn, "
-    "cache_hit (served from the shared download cache); the firewall's refusals of direct "
-    "connections too (method TCP/UDP, result FIREWALL_REFUSED)",
-    "tool_calls": "one row per tool call with its observation: command, exit code, time-out, duration",
-    "accuracy": "accuracy by run x model x domain x mode (newest score per episode; infra failures apart)",
-    "accuracy_by_verifier": "the same per verifier (e.g. after re-scoring with another one)",
-    "episode_tokens": "tokens, turns and tool calls per episode",
-    "capability_usage": "share of turns using computation / file management / external resources",
-    "slow_tools": "tool latency percentiles, time-outs, OOM kills by tool",
-    "timeouts": "commands that timed out, slowest first",
-    "errors": "episodes by termination reason with an example error",
-    "rl_steps": "RL rollouts by training run x step x policy: reward, turns, tokens, terminations",
-    "rl_capability_usage": "RL rollouts: share of turns using each capability by training step",
-}
-
-# Nightly lineage and statistics views: created after the ones above, which they read.
-READY_VIEWS.update(SERIES_VIEWS)
-VIEW_HELP.update(SERIES_VIEW_HELP)
 
 
 @dataclass
@@ -522,6 +256,7 @@ class WarehouseQuery:
         tables: tuple[str, ...] | None = None,
         host_files: bool = False,
         digests: bool = True,
+        known_bad: bool = True,
     ) -> None:
         self.layout = Layout(root)
         if not self.layout.root.is_dir():
@@ -539,6 +274,9 @@ class WarehouseQuery:
         # Uncompacted runs' small files are read through digests (warehouse.digest);
         # digests=False reads every file itself (`sandflow warehouse check` does).
         self.digests = digests
+        # Leave out the files other sessions found bad (warehouse.badfiles); False: judge
+        # every file afresh (`sandflow warehouse check`, which reads every page anyway).
+        self.known_bad = known_bad
         self._digest_con: duckdb.DuckDBPyConnection | None = None
         self._digest_sources: dict[Path, list[str]] = {}  # digest -> names it must leave out
         self._read_files: list[Path] = []  # the files the last build read themselves
@@ -608,6 +346,8 @@ class WarehouseQuery:
         turns_switches = self.layout.manifest_stamps("turns", runs)
         self._digest_sources = {}
         self._read_files = []
+        if self.known_bad:
+            prime(self.layout.root)  # files other sessions found bad: left out here too
         for table in TABLES:
             files, digested = self._listed(table) if table in self.tables else ([], [])
             self._read_files += files
@@ -631,10 +371,9 @@ class WarehouseQuery:
             self._create_partial_turns(snap)
         else:
             self._create_partial_turns(snap, journals=False)
-        for name, sql in READY_VIEWS.items():
-            if name == "turns":
-                continue  # built by _create_current_turns
-            self.con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+        for view in VIEWS:  # warehouse/views.py, in order
+            if view.sql is not None:  # None: turns, partial_turns (built above)
+                self.con.execute(f"CREATE OR REPLACE VIEW {view.name} AS {view.sql}")
         self.snapshot = snap
         self._remove_unused_digests = False  # other sessions may have opened since
         return snap
@@ -651,16 +390,30 @@ class WarehouseQuery:
         digested: list[tuple[FileInfo, list[str]]] = []
         runs = [self.run_id] if self.run_id else self.layout.run_ids(table)
         for run in runs:
+            part = self.layout.part_dir(table, run)
+            listing = self.layout.partition_listing(table, run)
             plan = plan_partition(
                 projected_source,
                 self._digest_con,
                 self.layout.root,
                 table,
                 run,
-                self.layout.part_dir(table, run),
-                self.layout.partition_listing(table, run),
+                part,
+                listing,
                 remove_unused=self._remove_unused_digests,
             )
+            # A file known bad (warehouse.badfiles) is left out of the digests serving it
+            # too, and listed to be read itself, so validation names it in snapshot.bad.
+            read = set(plan.files)
+            rotten = [
+                n
+                for n, (size, mtime_ns, ino) in listing
+                if part / n not in read
+                and known_bad((str(part / n), size, mtime_ns, ino)) is not None
+            ]
+            if rotten:
+                plan.digests = [(info, sorted({*leave, *rotten})) for info, leave in plan.digests]
+                plan.files += [part / n for n in rotten]
             files += plan.files
             digested += plan.digests
         return files, digested
@@ -852,6 +605,7 @@ class WarehouseQuery:
             found += verify_files(named, table) or verify_files(paths, table)
         for b in found:
             log.warning("warehouse: leaving out %s (found while a query failed)", b)
+        remember(self.layout.root, found)  # every later session leaves them out too
         return bool(found)
 
     def execute(self, query: str) -> duckdb.DuckDBPyConnection:

@@ -1,5 +1,9 @@
 """The warehouse's Arrow schemas: one place, one version number.
 
+`turns` and `episodes` are derived from their column tables in warehouse/fields.py (each
+record field declared once there, or derived from the record itself); `runs`, `scores`
+and `usage` are rows tables declared here.
+
 Why one module: the writer, the compactor, the query layer and the benchmark must agree
 on every column. Rules that keep old files readable forever:
 
@@ -37,8 +41,10 @@ import re
 
 import pyarrow as pa
 
+from warehouse.fields import EPISODE_COLUMNS, TS, TURN_COLUMNS, schema_of
+
 SCHEMA_VERSION = 1
-TABLES = ("runs", "episodes", "turns", "scores", "usage")
+TABLES = ("runs", "episodes", "turns", "scores", "usage", "data_items")
 META_TABLE = b"sandflow.table"
 META_VERSION = b"sandflow.schema_version"
 META_COLUMNS = b"sandflow.columns"  # comma-separated column names: files group without a scan
@@ -46,47 +52,8 @@ META_COLUMNS = b"sandflow.columns"  # comma-separated column names: files group 
 # reconstruction; readers of the others pay nothing for it)
 META_PROMPT_DELTAS = b"sandflow.prompt_deltas"
 
-_TS = pa.timestamp("us", tz="UTC")
+_TS = TS
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-TOOL_CALL = pa.struct(
-    [
-        pa.field("id", pa.string()),
-        pa.field("name", pa.string()),
-        pa.field("arguments", pa.string()),
-    ]
-)
-
-OBSERVATION = pa.struct(
-    [
-        pa.field("tool_call_id", pa.string()),
-        pa.field("name", pa.string()),
-        pa.field("content", pa.string()),
-        pa.field("exit_code", pa.int32()),
-        pa.field("timed_out", pa.bool_()),
-        pa.field("oom_killed", pa.bool_()),
-        pa.field("truncated", pa.bool_()),
-        pa.field("error", pa.string()),
-        pa.field("duration_s", pa.float64()),
-    ]
-)
-
-# One request through the egress proxy (tasks.records.EgressRequest); `egress` view.
-EGRESS = pa.struct(
-    [
-        pa.field("time", _TS),
-        pa.field("method", pa.string()),
-        pa.field("host", pa.string()),
-        pa.field("port", pa.int32()),
-        pa.field("url", pa.string()),
-        pa.field("status", pa.int32()),
-        pa.field("bytes_out", pa.int64()),
-        pa.field("bytes_in", pa.int64()),
-        pa.field("allowed", pa.bool_()),
-        pa.field("rule", pa.string()),
-        pa.field("result", pa.string()),
-    ]
-)
 
 RUNS = pa.schema(
     [
@@ -110,80 +77,10 @@ RUNS = pa.schema(
     ]
 )
 
-EPISODES = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("write_id", pa.string(), nullable=False),  # one recording attempt
-        pa.field("task_id", pa.string()),
-        pa.field("domain", pa.string()),
-        pa.field("mode", pa.string()),
-        pa.field("sample_index", pa.int32()),
-        pa.field("model", pa.string()),
-        pa.field("started_at", _TS),
-        pa.field("ended_at", _TS),
-        pa.field("termination", pa.string()),
-        pa.field("is_infra_failure", pa.bool_()),
-        pa.field("error", pa.string()),
-        pa.field("answer", pa.string()),
-        pa.field("prompt_messages", pa.string()),  # JSON list of messages
-        pa.field("num_turns", pa.int32()),
-        pa.field("prompt_tokens", pa.int64()),
-        pa.field("completion_tokens", pa.int64()),
-        pa.field("cached_tokens", pa.int64()),
-        pa.field("wall_s", pa.float64()),
-        pa.field("model_s", pa.float64()),
-        pa.field("tool_s", pa.float64()),
-        pa.field("config", pa.string()),  # JSON, secrets removed
-        pa.field("written_at", _TS),
-        pa.field("reasoning_tokens", pa.int64()),
-        pa.field("answer_source", pa.string()),  # answer_file | submit_argument | last_message | reply
-        # RL rollouts (NULL for other runs and in older files): the trainer's run, step
-        # and policy version, and whether the turns' token ids form one exact sequence.
-        pa.field("training_run", pa.string()),
-        pa.field("training_step", pa.int64()),
-        pa.field("policy_version", pa.string()),
-        pa.field("token_ids_status", pa.string()),  # exact | missing | mismatch at turn N: why
-        # JSON: the output folder's export: files, bytes, skipped counts per reason + examples
-        pa.field("output_export", pa.string()),
-    ]
-)
-
-TURNS = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("episode_id", pa.string(), nullable=False),
-        pa.field("write_id", pa.string(), nullable=False),
-        pa.field("turn_index", pa.int32(), nullable=False),
-        pa.field("started_at", _TS),
-        pa.field("assistant_content", pa.string()),
-        pa.field("reasoning_content", pa.string()),
-        pa.field("tool_calls", pa.list_(TOOL_CALL)),
-        pa.field("observations", pa.list_(OBSERVATION)),
-        # len(tool_calls), stored so counting calls never reads the nested text
-        pa.field("num_tool_calls", pa.int32()),
-        pa.field("extra_messages", pa.string()),  # JSON list
-        pa.field("finish_reason", pa.string()),
-        pa.field("model_latency_s", pa.float64()),
-        pa.field("tool_latency_s", pa.float64()),
-        pa.field("prompt_tokens", pa.int64()),
-        pa.field("completion_tokens", pa.int64()),
-        pa.field("cached_tokens", pa.int64()),
-        pa.field("reasoning_tokens", pa.int64()),
-        pa.field("prompt_token_ids", pa.list_(pa.int32())),
-        pa.field("completion_token_ids", pa.list_(pa.int32())),
-        pa.field("completion_logprobs", pa.list_(pa.float64())),
-        pa.field("error", pa.string()),
-        pa.field("request_max_tokens", pa.int32()),  # max_tokens sent (shrinks after a context error)
-        pa.field("attempts", pa.int32()),  # HTTP attempts of the model call (retries)
-        # Leading prompt ids shared with the previous turn's prompt and not stored again
-        # here: prompt_token_ids then holds only the new ids (the `turns` view rebuilds the
-        # full list). NULL: stored in full (first turn, a changed prefix, older files).
-        pa.field("prompt_token_ids_prefix_len", pa.int32()),
-        # requests through the egress proxy that ended during this turn (network allowlist)
-        pa.field("egress", pa.list_(EGRESS)),
-    ]
-)
+# The record tables: derived from their column tables (warehouse/fields.py), where each
+# field of a TurnRecord / EpisodeRecord is declared once (or derived from the record).
+EPISODES = schema_of(EPISODE_COLUMNS)
+TURNS = schema_of(TURN_COLUMNS)
 
 SCORES = pa.schema(
     [
@@ -219,12 +116,47 @@ USAGE = pa.schema(
     ]
 )
 
+# RL data builds (datagen/, docs/data.md): one row per item a stage saw (a document, a
+# question slot, a candidate task), kept or dropped with its reason, and the provenance the
+# item carries by then. `run_id` is the build's id. One batch file per stage execution; the
+# views read the newest batch of each (build, stage): data_funnel, data_dropped, task_provenance.
+DATA_ITEMS = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),  # the build id
+        pa.field("stage", pa.string(), nullable=False),  # ingest | synth | clean | calibrate | export
+        pa.field("stage_order", pa.int32(), nullable=False),
+        pa.field("stage_key", pa.string()),  # hash of the stage's inputs and parameters
+        pa.field("item_id", pa.string(), nullable=False),  # document source, slot id, task id
+        pa.field("kept", pa.bool_(), nullable=False),
+        pa.field("reason", pa.string()),  # why it was dropped (NULL when kept)
+        pa.field("detail", pa.string()),
+        pa.field("task_id", pa.string()),
+        pa.field("doc_id", pa.string()),
+        pa.field("piece_id", pa.string()),
+        pa.field("source", pa.string()),
+        pa.field("span_start", pa.int64()),
+        pa.field("span_end", pa.int64()),
+        pa.field("qa_type", pa.string()),
+        pa.field("generator_model", pa.string()),
+        pa.field("prompt_version", pa.string()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("calibration_run", pa.string()),
+        pa.field("samples", pa.int32()),
+        pa.field("passes", pa.int32()),
+        pa.field("pass_rate", pa.float64()),
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("recorded_at", _TS),
+    ]
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     "runs": RUNS,
     "episodes": EPISODES,
     "turns": TURNS,
     "scores": SCORES,
     "usage": USAGE,
+    "data_items": DATA_ITEMS,
 }
 
 # Columns a file must have to belong to a table (the rest may be missing in old files).
@@ -234,6 +166,7 @@ KEY_COLUMNS: dict[str, tuple[str, ...]] = {
     "turns": ("run_id", "episode_id", "write_id", "turn_index"),
     "scores": ("run_id", "episode_id", "verifier", "batch_id"),
     "usage": ("run_id", "episode_id", "turn_index", "capability", "labeler", "batch_id"),
+    "data_items": ("run_id", "stage", "item_id", "kept", "batch_id"),
 }
 
 

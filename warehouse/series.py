@@ -46,9 +46,7 @@ _SIGN_P = """
 SERIES_VIEWS: dict[str, str] = {
     "episode_outcomes": """
         WITH s AS (
-            SELECT run_id, episode_id, verifier, score, passed FROM scores
-            QUALIFY row_number() OVER (
-                PARTITION BY run_id, episode_id ORDER BY scored_at DESC, verifier) = 1
+            SELECT run_id, episode_id, verifier, score, passed FROM episode_score
         ), e AS (
             SELECT *, coalesce(is_infra_failure, false) OR termination IS NULL AS infra FROM episodes
         )

@@ -20,6 +20,7 @@ from datasets_prep.task import Task, TaskSet
 from tasks.records import INFRA_TERMINATIONS, episode_key
 from warehouse.compact import CompactionResult, compact_run
 from warehouse.convert import episode_record, turn_record
+from warehouse.dataitems import write_data_items
 from warehouse.journal import Durability
 from warehouse.labels import ScoreRow, UsageRow, write_scores, write_usage
 from warehouse.layout import Layout
@@ -79,6 +80,12 @@ class Warehouse:
         self, rows: Iterable[ScoreRow | Mapping[str, Any]], *, scored_at: datetime | None = None
     ) -> Path | None:
         return write_scores(self.layout, rows, scored_at=scored_at)
+
+    def write_data_items(
+        self, build_id: str, stage: str, items: Iterable[Mapping[str, Any]], *, stage_key: str | None = None
+    ) -> Path:
+        """One stage execution of an RL data build (warehouse.dataitems)."""
+        return write_data_items(self.layout, build_id, stage, items, stage_key=stage_key)
 
     def write_usage(
         self, rows: Iterable[UsageRow | Mapping[str, Any]], *, labeled_at: datetime | None = None

@@ -346,6 +346,23 @@ def named_in(exc: BaseException, files: list[Path]) -> list[Path]:
     return [p for p in files if str(p) in text]
 
 
+def mark_bad(path: Path, reason: str) -> None:
+    """Treat the file now at `path` as bad (warehouse.badfiles: found so by another
+    session); validate_files leaves it out until it changes (a new identity)."""
+    key = file_key(path)
+    if key is not None:
+        _remember(key, reason)
+        with _cache_lock:
+            _data_cache[key] = reason
+
+
+def known_bad(key: _Key) -> str | None:
+    """Why the file version `key` is bad, if this process knows it is."""
+    with _cache_lock:
+        hit = _cache.get(key)
+    return hit if isinstance(hit, str) and hit != _VANISHED else None
+
+
 def _remember(key: _Key, result: FileInfo | str) -> None:
     with _cache_lock:
         if len(_cache) > 500_000:

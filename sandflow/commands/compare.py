@@ -47,8 +47,6 @@ def compare(
       sandflow compare RUN                  # sandbox vs LLM mode of one run
       sandflow compare A B --json
     """
-    from rich.console import Console
-
     from analysis.comparisons import (
         compare_modes,
         compare_runs,
@@ -56,11 +54,12 @@ def compare(
         outcomes_from_rows,
     )
     from sandflow.config import load_settings
+    from sandflow.console import console as stdout_console
     from warehouse import Warehouse
     from warehouse.query import WarehouseError
     from warehouse.series import read_outcomes
 
-    console = Console()
+    console = stdout_console()
 
     def fail(msg: str) -> None:
         console.print(f"[bold red]error:[/] {msg}", highlight=False)

@@ -58,9 +58,9 @@ class LiveView:
     """Prints thoughts, actions and observations as the episode produces them."""
 
     def __init__(self, quiet: bool = False) -> None:
-        from rich.console import Console
+        from sandflow.console import console
 
-        self.console = Console(stderr=False, highlight=False)
+        self.console = console()
         self.quiet = quiet
         self._status: Any = None
 
@@ -79,7 +79,10 @@ class LiveView:
         from rich.markup import escape
         from rich.panel import Panel
 
+        from sandflow.console import fits, rule
+
         c = self.console
+        wide = fits(c)
         if kind == "request":
             self._spin(f"turn {payload + 1}: waiting for the model...")
             return
@@ -89,19 +92,19 @@ class LiveView:
         self._spin(None)
         if kind == "reply":
             turn = payload
-            c.rule(f"[bold blue]turn {turn.turn_index + 1}[/] [dim]{turn.model_latency_s:.2f}s[/]")
+            rule(c, f"[bold blue]turn {turn.turn_index + 1}[/] [dim]{turn.model_latency_s:.2f}s[/]")
             if turn.reasoning_content:
-                c.print(Panel(escape(_short(turn.reasoning_content, 1500)), title="reasoning", border_style="magenta"))
+                c.print(Panel(escape(_short(turn.reasoning_content, 1500)), title="reasoning", border_style="magenta", expand=wide))
             if turn.assistant_content:
-                c.print(Panel(escape(_short(turn.assistant_content, 1500)), title="thought", border_style="cyan"))
+                c.print(Panel(escape(_short(turn.assistant_content, 1500)), title="thought", border_style="cyan", expand=wide))
             for call in turn.tool_calls:
-                c.print(Panel(escape(_short(_pretty_args(call.arguments), 800)), title=f"action: {call.name}", border_style="yellow"))
+                c.print(Panel(escape(_short(_pretty_args(call.arguments), 800)), title=f"action: {call.name}", border_style="yellow", expand=wide))
             if not turn.tool_calls:
                 c.print("[dim]no tool call: sent the continue prompt[/]")
         elif kind == "observation":
             obs = payload
             style = "red" if obs.error or (obs.exit_code not in (None, 0)) else "green"
-            c.print(Panel(escape(_short(obs.content, 1200)), title=f"observation ({obs.duration_s:.2f}s)", border_style=style))
+            c.print(Panel(escape(_short(obs.content, 1200)), title=f"observation ({obs.duration_s:.2f}s)", border_style=style, expand=wide))
 
 
 def _short(text: str, n: int) -> str:
@@ -224,6 +227,7 @@ def register(app: typer.Typer) -> None:
                 context_tokens=context_tokens, wall_clock_s=wall_clock, exec_timeout_s=exec_timeout,
                 prompt_dir=str(prompt_dir) if prompt_dir else None, backend=settings.backend,
                 image=settings.image, network=settings.network,
+                sandbox_runtime=settings.sandbox_runtime,
                 warehouse=str(warehouse) if warehouse else None,
             )
             spec.to_model_config(), spec.to_limits(), spec.to_sandbox_config()  # every value checked now

@@ -26,6 +26,7 @@ from sandflow.commands.durability_option import (
     durability_value,
 )
 from sandflow.commands.network_option import network_option
+from sandflow.console import short
 from sandflow.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REGRESSION, console, fail
 from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S, EMBEDDED_MODEL_MAX_STEPS
 
@@ -76,6 +77,7 @@ def _run_spec(s: Any, **flags: Any) -> Any:
         "image": s.image,
         "network": s.network,
         "sandbox_reuse": s.sandbox_reuse or "fresh",
+        "sandbox_runtime": s.sandbox_runtime,
         "durability": s.durability,
     }
     return RunSpec(**{**settled, **flags})
@@ -536,7 +538,8 @@ def cmd_prepare(
     r = _guard(
         prepare_flow, source=source, warehouse=str(s.warehouse), out=out, limit=limit, seed=seed, mapping=mapping
     )
-    _console().print(f"[green]{r['tasks']} tasks[/] -> {r['task_set']} (hash {r['hash'][:12]})")
+    c = _console()
+    c.print(f"[green]{r['tasks']} tasks[/] -> {r['task_set']} (hash {short(c, r['hash'], 12)})")
 
 
 @flows_app.command("run")

@@ -39,6 +39,11 @@ class EpisodeTally:
     def apply(self, kind: str, data: dict[str, Any]) -> None:
         with self.lock:
             if kind == "planned":
+                if self.run_id is not None and data.get("run_id") != self.run_id:
+                    # another run in the same display (a data build's synthesis, then its
+                    # calibration run): its counts start from zero
+                    self.running.clear()
+                    self.done = self.failed = self.retries = 0
                 self.total = int(data["total"])
                 self.skipped = int(data.get("skipped") or 0)
                 self.run_id = data.get("run_id")
@@ -185,9 +190,9 @@ class RichEpisodeProgress:
     (`LineEpisodeProgress`) written through the same console (use as a context manager)."""
 
     def __init__(self, description: str = "episodes", console: Any = None) -> None:
-        from rich.console import Console
+        from sandflow.console import console as stdout_console
 
-        self._console = console or Console()
+        self._console = console or stdout_console()
         self._lines: LineEpisodeProgress | None = None
         if not self._console.is_terminal:
             self._lines = LineEpisodeProgress(description, write=self._print_line)
@@ -265,6 +270,12 @@ class RichEpisodeProgress:
     def _on_event(self, kind: str, data: dict[str, Any]) -> None:
         with self._lock:
             if kind == "planned":
+                if getattr(self, "_run_id", None) not in (None, data.get("run_id")):
+                    # another run in the same display: its counts start from zero
+                    self._running.clear()
+                    self._done = self._failed = self._retries = 0
+                    self._progress.reset(self._task)
+                self._run_id = data.get("run_id")
                 desc = f"{self._description} [dim]{data['run_id']}[/]"
                 if data.get("skipped"):
                     desc += f" [dim](resumed: {data['skipped']} done before)[/]"

@@ -92,6 +92,7 @@ def serve(
         # RL runs hundreds of short episodes against a local policy: warm sandboxes
         # (reset between episodes) unless SANDFLOW_SANDBOX_REUSE=fresh
         sandbox_reuse=settings.sandbox_reuse or "pool",
+        sandbox_runtime=settings.sandbox_runtime,
         max_steps=max_steps,
         wall_clock_s=wall_clock,
         exec_timeout_s=exec_timeout,

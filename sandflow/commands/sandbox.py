@@ -9,6 +9,8 @@ from typing import Any
 import typer
 
 from sandflow.commands.network_option import network_option
+from sandflow.console import console as stdout_console
+from sandflow.console import fits, short
 from sandflow.errors import EXIT_FAILED, EXIT_USAGE, fail
 
 image_app = typer.Typer(
@@ -45,8 +47,6 @@ def image_build(
     The tag carries a hash of the content list: an unchanged list reuses the image. The
     same root filesystem is kept for the bubblewrap backend (sandflow image info shows where).
     """
-    from rich.console import Console
-
     from sandbox.image import (
         DEFAULT_SPEC,
         ImageBuildError,
@@ -55,7 +55,7 @@ def image_build(
         image_size_bytes,
     )
 
-    console = Console()
+    console = stdout_console()
     if rootfs_only:
         try:
             path = build_rootfs(
@@ -82,7 +82,6 @@ def image_build(
 @image_app.command("info")
 def image_info() -> None:
     """Show the image tag, whether it is built, its size, and the bubblewrap rootfs path."""
-    from rich.console import Console
     from rich.table import Table
 
     from sandbox.image import DEFAULT_SPEC, rootfs_path
@@ -102,7 +101,7 @@ def image_info() -> None:
     ready = (root / ".sandflow-complete").exists()
     table.add_row("rootfs (bwrap)", f"{root} ({'ready' if ready else 'missing'})")
     table.add_row("packages", ", ".join(sorted(DEFAULT_SPEC.packages)))
-    Console().print(table)
+    stdout_console().print(table)
 
 
 def _client_or_none(docker_host: str | None, console: Any) -> Any:
@@ -139,13 +138,12 @@ def sandbox_ls(
     ),
 ) -> None:
     """List sandflow sandboxes (docker containers and bubblewrap sandboxes) by label."""
-    from rich.console import Console
     from rich.table import Table
 
     from sandbox import gc as G
     from sandbox import labels as L
 
-    console = Console()
+    console = stdout_console()
     found = G.list_all(_client_or_none(docker_host, console), run_id)
     if as_json:
         for s in found:
@@ -162,7 +160,7 @@ def sandbox_ls(
         reason = s.garbage_reason()
         table.add_row(
             s.backend,
-            s.id[:12],
+            short(console, s.id, 12),
             s.run_id,
             s.episode_id,
             s.status,
@@ -195,12 +193,11 @@ def sandbox_gc(
     same image. Owner liveness is checked for sandboxes opened on this host (pid and its
     start time); sandboxes of other hosts are removed by TTL only.
     """
-    from rich.console import Console
     from rich.table import Table
 
     from sandbox import gc as G
 
-    console = Console()
+    console = stdout_console()
     removed = G.collect(
         _client_or_none(docker_host, console),
         dry_run=dry_run,
@@ -212,7 +209,7 @@ def sandbox_gc(
     for col in ("backend", "id", "run", "episode", "why"):
         table.add_column(col)
     for info, why in removed:
-        table.add_row(info.backend, info.id[:12], info.run_id, info.episode_id, why)
+        table.add_row(info.backend, short(console, info.id, 12), info.run_id, info.episode_id, why)
     console.print(table)
 
 
@@ -235,13 +232,12 @@ def sandbox_exec(
 
     Example: sandflow sandbox exec 'cd /tmp && export X=42' 'echo $X from $(pwd)' 'python3 -c "import sympy; print(sympy.__version__)"'
     """
-    from rich.console import Console
     from rich.panel import Panel
     from rich.text import Text
 
     from sandbox import SandboxConfig, SandboxError, SandboxLimits, open_sandbox
 
-    console = Console()
+    console = stdout_console()
     try:
         config = SandboxConfig(
             backend=backend,
@@ -277,6 +273,7 @@ def sandbox_exec(
                         body if body.plain else Text("(no output)", style="dim"),
                         title=title,
                         subtitle=subtitle,
+                        expand=fits(console),
                     )
                 )
     except SandboxError as e:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from sandflow.console import cell_width
+from sandflow.console import console as stdout_console
 from sandflow.errors import EXIT_FAILED, EXIT_USAGE, err_console, fail
 
 if TYPE_CHECKING:
@@ -61,14 +63,24 @@ def _err_console() -> Console:
 
 
 def _open(
-    root: Path, run: str | None, quarantine: bool, host_files: bool = False, digests: bool = True
+    root: Path,
+    run: str | None,
+    quarantine: bool,
+    host_files: bool = False,
+    digests: bool = True,
+    known_bad: bool = True,
 ) -> WarehouseQuery:
     from warehouse.query import WarehouseError, WarehouseQuery
 
     err = _err_console()
     try:
         q = WarehouseQuery(
-            root, run_id=run, quarantine=quarantine, host_files=host_files, digests=digests
+            root,
+            run_id=run,
+            quarantine=quarantine,
+            host_files=host_files,
+            digests=digests,
+            known_bad=known_bad,
         )
     except (WarehouseError, ValueError) as exc:
         raise fail(str(exc), EXIT_FAILED) from None
@@ -93,7 +105,7 @@ def _warn_bad(q: WarehouseQuery, quarantine: bool, already: set[Path]) -> None:
         err.print(f"  ... and {len(new) - 20} more")
 
 
-def _cell(v: Any, width: int) -> str:
+def _cell(v: Any, width: int | None) -> str:
     if v is None:
         return "[dim]NULL[/dim]"
     if isinstance(v, float):
@@ -105,7 +117,7 @@ def _cell(v: Any, width: int) -> str:
     s = s.replace("\n", "⏎")
     from rich.markup import escape
 
-    return escape(s if len(s) <= width else s[: width - 1] + "…")
+    return escape(s if width is None or len(s) <= width else s[: width - 1] + "…")
 
 
 def print_views(q: WarehouseQuery, console: Console) -> None:
@@ -129,7 +141,9 @@ def print_views(q: WarehouseQuery, console: Console) -> None:
     )
 
 
-def _print_result(q: WarehouseQuery, query: str, limit: int, width: int, console: Console) -> int:
+def _print_result(
+    q: WarehouseQuery, query: str, limit: int, width: int | None, console: Console
+) -> int:
     from rich.table import Table
 
     cur = q.execute(query)
@@ -210,7 +224,7 @@ def _flatten_for_text(table: Any) -> Any:
     return pa.table(cols, names=table.column_names)
 
 
-def _interactive(q: WarehouseQuery, console: Console, limit: int, width: int) -> None:
+def _interactive(q: WarehouseQuery, console: Console, limit: int, width: int | None) -> None:
     from warehouse.query import WarehouseQueryError
 
     console.print("[dim]Enter SQL ending with ';'. Commands: .views  .quit[/dim]")
@@ -262,7 +276,13 @@ def register(app: typer.Typer) -> None:
             None, "--output", "-o", help="Write the result here (required for parquet)."
         ),
         limit: int = typer.Option(50, "--limit", "-n", min=1, help="Rows shown in table format."),
-        width: int = typer.Option(60, "--max-width", min=8, help="Cut cells longer than this."),
+        max_width: int | None = typer.Option(
+            None,
+            "--max-width",
+            min=8,
+            help="Cut cells longer than this. Default: 60 on a terminal; not cut when the "
+            "output is not a terminal (a pipe or file gets every id and path whole).",
+        ),
         quarantine: bool = typer.Option(
             False, "--quarantine", help="Move bad files to <warehouse>/_quarantine/."
         ),
@@ -273,8 +293,6 @@ def register(app: typer.Typer) -> None:
             "other files, ATTACH, extensions. Off by default: the SQL only reads the warehouse.",
         ),
     ) -> None:
-        from rich.console import Console
-
         from warehouse.query import WarehouseQueryError
 
         err = _err_console()
@@ -285,7 +303,8 @@ def register(app: typer.Typer) -> None:
         if fmt == "table" and output is not None:
             raise fail("--output needs --format csv, json or parquet", EXIT_USAGE)
         root = _resolve_root(warehouse)
-        console = Console(highlight=False)
+        console = stdout_console()
+        width = cell_width(console, max_width, 60)
         with _open(root, run, quarantine, allow_host_files) as q:
             seen = {b.path for b in q.snapshot.bad}
             try:
@@ -322,17 +341,15 @@ def register(app: typer.Typer) -> None:
         warehouse: Path | None = root_opt,
     ) -> None:
         """Merge a run's per-episode files into one file per table (safe while writing)."""
-        from rich.console import Console
-
         from warehouse.store import Warehouse
 
         wh = Warehouse(_resolve_root(warehouse))
         try:
-            with Console(stderr=True).status(f"compacting {run} ..."):
+            with err_console().status(f"compacting {run} ..."):
                 res = wh.compact(run)
         except ValueError as exc:
             raise fail(str(exc), EXIT_FAILED) from None
-        console = Console(highlight=False)
+        console = stdout_console()
         if not res.changed:
             console.print(f"{run}: nothing to compact")
         for t, n in res.files_before.items():
@@ -352,7 +369,6 @@ def register(app: typer.Typer) -> None:
         discard: bool = typer.Option(False, "--discard", help="Delete their journals."),
     ) -> None:
         """List episodes whose writer died mid-way (journals nobody holds); recover or discard."""
-        from rich.console import Console
         from rich.table import Table
 
         from warehouse.store import Warehouse
@@ -361,7 +377,7 @@ def register(app: typer.Typer) -> None:
             raise fail("choose one of --recover / --discard", EXIT_USAGE)
         wh = Warehouse(_resolve_root(warehouse))
         found = wh.orphans(run)
-        console = Console(highlight=False)
+        console = stdout_console()
         table = Table(title=f"{len(found)} orphaned episode(s)")
         for c in ("run", "episode", "task", "mode", "sample", "turns", "problems"):
             table.add_column(c)
@@ -389,21 +405,23 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Validate every file: magic bytes, footer, schema, and (unless --quick) every data
         page of every column. Lists bad files by name; exit code 1 if there are any."""
-        from rich.console import Console
-
+        from warehouse.badfiles import settle
         from warehouse.validate import quarantine as move_aside
         from warehouse.validate import verify_files
 
         root = _resolve_root(warehouse)
         err = _err_console()
-        with _open(root, run, quarantine, digests=False) as q:  # the files themselves, not digests
+        # the files themselves, not digests; every page read: files once found bad are
+        # judged again (a passing I/O fault is forgotten), except with --quick
+        with _open(root, run, quarantine, digests=False, known_bad=quick) as q:
             good = {t: [f.path for f in fs] for t, fs in q.snapshot.files.items()}
             n = sum(len(v) for v in good.values())
             corrupt = []
             if not quick and n:
-                with Console(stderr=True).status(f"reading every page of {n} file(s) ..."):
+                with err_console().status(f"reading every page of {n} file(s) ..."):
                     for table, paths in good.items():
                         corrupt += verify_files(paths, table)
+                settle(q.layout.root, [p for ps in good.values() for p in ps], corrupt)
             for b in corrupt:
                 err.print(f"  [yellow]{b.path}[/yellow]: {b.reason}")
                 if quarantine:
@@ -411,6 +429,6 @@ def register(app: typer.Typer) -> None:
                     err.print(f"    moved to {dest}")
             bad = len(q.snapshot.bad) + len(corrupt)
             depth = "headers and footers" if quick else "every page read"
-            Console(highlight=False).print(f"{n - len(corrupt)} good file(s), {bad} bad ({depth})")
+            stdout_console().print(f"{n - len(corrupt)} good file(s), {bad} bad ({depth})")
             if bad:
                 raise typer.Exit(EXIT_FAILED)

@@ -75,9 +75,11 @@ def summary_table(ts: Any) -> Any:
     from rich.table import Table
 
     from datasets_prep.task import human_bytes
+    from sandflow.console import short
 
     s = ts.summary()
-    t = Table(title=f"{s['name']}: {s['count']} tasks  (content hash {s['content_hash'][:12]})")
+    h = short(_console(), s["content_hash"], 12)
+    t = Table(title=f"{s['name']}: {s['count']} tasks  (content hash {h})")
     t.add_column("domain", style="bold")
     t.add_column("tasks", justify="right")
     t.add_column("types")
@@ -168,6 +170,7 @@ def show_cmd(
     from datasets_prep.io import read_taskset
     from datasets_prep.task import content_size, human_bytes
     from datasets_prep.verifiers import choose
+    from sandflow.console import fits
 
     console = _console()
     try:
@@ -192,7 +195,7 @@ def show_cmd(
             f"[bold]ground truth[/] {escape(_clip(str(t.ground_truth), 200))}"
             + (f"\n[bold]files[/] ({len(t.input_files)}, in {escape(t.input_dir)})\n{files}" if t.input_files else "")
         )
-        console.print(Panel(body, title=escape(t.id), title_align="left"))
+        console.print(Panel(body, title=escape(t.id), title_align="left", expand=fits(console)))
 
 
 def _clip(s: str, n: int) -> str:

@@ -61,12 +61,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:  # fmt: skip
         import socket
 
-        from rich.console import Console
-
         from sandflow.config import load_settings
+        from sandflow.console import console, err_console
         from warehouse.query import WarehouseError
 
-        err = Console(stderr=True, highlight=False)
+        err = err_console()
         root = Path(load_settings(warehouse=warehouse).warehouse)
         from sandflow.viewer.store import LiveWarehouse
 
@@ -103,7 +102,7 @@ def register(app: typer.Typer) -> None:
         bound = sock.getsockname()[1]
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         info = lw.info
-        Console(highlight=False).print(
+        console().print(
             f"sandflow view: [bold cyan]http://{shown}:{bound}/[/]  "
             f"(warehouse {root}, read in {info.build_s:.1f} s; Ctrl+C stops)"
         )

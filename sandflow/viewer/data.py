@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from sandflow.viewer.store import LiveWarehouse
+from warehouse.fields import TURN_COLUMNS as stored_turn_columns
 
 EPISODES_PER_PAGE = 50
 TURNS_PER_PAGE = 25
@@ -33,11 +34,11 @@ SORTS = {
     "started": "e.started_at",
 }
 
-# One verdict per episode: its newest score (any verifier), as the `accuracy` view decides.
+# One verdict per episode: the warehouse's `episode_score` view (warehouse/views.py), the
+# one the `accuracy` view reads.
 NEWEST_SCORE = """
-    SELECT run_id, episode_id, verifier, score, passed, reason FROM scores
+    SELECT run_id, episode_id, verifier, score, passed, reason FROM episode_score
     WHERE run_id IN ({runs})
-    QUALIFY row_number() OVER (PARTITION BY run_id, episode_id ORDER BY scored_at DESC, verifier) = 1
 """
 
 
@@ -359,11 +360,15 @@ def scores(lw: LiveWarehouse, run_id: str, episode_id: str) -> list[dict[str, An
     return cur + stale
 
 
-TURN_COLUMNS = (
-    "turn_index, started_at, assistant_content, reasoning_content, tool_calls, observations, "
-    "extra_messages, finish_reason, model_latency_s, tool_latency_s, prompt_tokens, "
-    "completion_tokens, cached_tokens, reasoning_tokens, error, request_max_tokens, attempts"
-)
+# A turn page shows every stored turn column (warehouse/fields.py: a field added to
+# TurnRecord shows up here too) but the ids and the bulky token and egress data.
+NOT_SHOWN = frozenset(
+    {
+        "run_id", "episode_id", "write_id", "num_tool_calls", "prompt_token_ids",
+        "completion_token_ids", "completion_logprobs", "prompt_token_ids_prefix_len", "egress",
+    }
+)  # fmt: skip
+TURN_COLUMNS = ", ".join(f'"{c.name}"' for c in stored_turn_columns if c.name not in NOT_SHOWN)
 
 
 def turns(
@@ -416,12 +421,8 @@ def same_task(
     """Other episodes of the same task: the other mode, other samples, other runs."""
     return lw.fetch(
         """
-        WITH s AS (
-            SELECT run_id, episode_id, score FROM scores
-            QUALIFY row_number() OVER (PARTITION BY run_id, episode_id ORDER BY scored_at DESC, verifier) = 1
-        )
         SELECT e.run_id, e.episode_id, e.mode, e.sample_index, e.termination, e.num_turns, s.score
-        FROM episodes e LEFT JOIN s USING (run_id, episode_id)
+        FROM episodes e LEFT JOIN episode_score s USING (run_id, episode_id)
         WHERE e.task_id = ? AND NOT (e.run_id = ? AND e.episode_id = ?)
         ORDER BY e.run_id = ? DESC, e.run_id, e.mode, e.sample_index
         LIMIT 50

@@ -124,3 +124,18 @@ def test_a_non_terminal_console_gets_lines_through_that_console() -> None:
         ln.startswith("episodes 1/1 done, 0 running, 0 failed, 0 retries") and "ETA" in ln
         for ln in text.splitlines()
     ), text
+
+
+def test_a_second_run_in_one_display_counts_from_zero() -> None:
+    """A data build shows its synthesis, then its calibration run, in one display: the
+    second run's counts never add to the first's ("118/36 done" was shown)."""
+    lines: list[str] = []
+    p = LineEpisodeProgress("items", write=lines.append, interval_s=3600, heartbeat_s=3600)
+    with p:
+        progress.planned(total=3, skipped=0, run_id="build-1")
+        for k in ("a", "b", "c"):
+            progress.finished(k, ok=k != "c", termination="kept")
+        progress.planned(total=2, skipped=0, run_id="build-1-cal")
+        progress.finished("x", ok=True, termination="submitted")
+        assert p.tick(time.monotonic() + 3601)
+    assert lines[-1].startswith("items 1/2 done, 0 running, 0 failed, "), lines

@@ -18,12 +18,12 @@ from analysis.rollouts import (
     RolloutError,
     token_rows,
     trajectory_rows,
-    write_rows,
 )
 from analysis.token_ids import assemble
 from datasets_prep.rows import row_schema, task_rows
 from datasets_prep.task import Task
 from tasks.records import EpisodeRecord, Observation, ToolCall, TurnRecord, Usage
+from warehouse.exports import write_export
 from warehouse.rundata import RunData
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -183,13 +183,13 @@ def test_exports_load_with_datasets(run: RunData, tmp_path: Path) -> None:
              input_files={"notes.txt": "hello"}),
         Task(id="B", domain="chem", problem_statement="mass of H2O?", ground_truth={"value": 18.015, "unit": "g/mol"}),
     ]
-    ts_path = write_rows(
+    ts_path = write_export(
         task_rows(tasks, lambda t: [{"role": "user", "content": t.problem_statement}]),
         row_schema(),
         tmp_path / "taskset.parquet",
     )
-    tr_path = write_rows(trajectory_rows(run), TRAJECTORY_SCHEMA, tmp_path / "trajectories.parquet")
-    tk_path = write_rows(token_rows(run), TOKEN_SCHEMA, tmp_path / "tokens.parquet")
+    tr_path = write_export(trajectory_rows(run), TRAJECTORY_SCHEMA, tmp_path / "trajectories.parquet")
+    tk_path = write_export(token_rows(run), TOKEN_SCHEMA, tmp_path / "tokens.parquet")
 
     ds = load_dataset("parquet", data_files=str(ts_path), split="train")
     assert ds.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]

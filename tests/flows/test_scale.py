@@ -142,11 +142,13 @@ def test_prefect_yaml_deploys_against_a_real_server(prefect_server: dict[str, st
     env = dict(prefect_server, SANDFLOW_REPO=str(REPO))
     r = _prefect(env, "work-pool", "create", "sandflow-process", "--type", "process")
     assert r.returncode == 0, r.stdout + r.stderr
-    for name in ("nightly", "rl-data"):
+    for name in ("nightly", "rl-data", "data-build"):
         r = _prefect(env, "--no-prompt", "deploy", "--name", name)
         assert r.returncode == 0, r.stdout + r.stderr
     deps = {d["name"]: d for d in _api(env, "/deployments/filter", {})}
-    assert set(deps) == {"nightly", "rl-data"}
+    assert set(deps) == {"nightly", "rl-data", "data-build"}
+    assert deps["data-build"]["entrypoint"] == "flows/data.py:data_build_job"
+    assert deps["data-build"]["parameters"]["decontaminate"] == ["smoke"]
     nightly = deps["nightly"]
     assert nightly["work_pool_name"] == "sandflow-process"
     assert nightly["entrypoint"] == "flows/nightly.py:nightly_flow"

@@ -58,7 +58,7 @@ def _rllm_entry(extra_info: dict[str, Any] | str) -> dict[str, Any]:
 def test_exported_rows_carry_the_whole_task_for_rllm_and_keep_verl_fields(tmp_path: Path) -> None:
     import datasets
 
-    from analysis.rollouts import export_taskset
+    from flows.rollouts import export_taskset
 
     tasks = _tasks()
     path = export_taskset(SimpleNamespace(tasks=tasks), tmp_path / "taskset.parquet")
@@ -90,8 +90,8 @@ def test_rows_round_trip_into_sandflow_tasks(tmp_path: Path) -> None:
     """The same rows drive sandflow's own environment (datasets_prep.rows.task_from_row)."""
     import datasets
 
-    from analysis.rollouts import export_taskset
     from datasets_prep.rows import task_from_row
+    from flows.rollouts import export_taskset
 
     tasks = _tasks()
     path = export_taskset(SimpleNamespace(tasks=tasks), tmp_path / "taskset.parquet")

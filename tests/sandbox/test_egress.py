@@ -37,6 +37,7 @@ from sandbox import (
     open_sandbox,
 )
 from sandbox.bwrap_backend import BwrapSandbox
+from sandbox.common import SANDBOX_UID
 from sandbox.docker_backend import DockerSandbox
 from sandbox.netpolicy import EgressPolicy, PolicyError, parse_entry
 
@@ -580,7 +581,8 @@ def test_bwrap_egress_works_for_an_unprivileged_user(sandbox_rootfs: str, index:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["uid"] == 1000 and out["state_dir"].startswith("/var/tmp/sandflow-egress-1000/")
-    assert out["exec"] == ["1000", "200", "403", "PermissionError", "lo"], out
+    # the host's uid 1000 outside, the sandbox user inside (its user namespace maps one to the other)
+    assert out["exec"] == [str(SANDBOX_UID), "200", "403", "PermissionError", "lo"], out
     records = {(r[0], r[1]): r[2:] for r in out["records"]}
     assert records[("pypi.test", 200)] == [True, f"allow: pypi.test:{index}", True], out
     assert records[("notallowed.test", 403)] == [False, "deny: not in allowlist", True], out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sandbox import ExecResult, Sandbox
+from sandbox.common import SANDBOX_UID
 
 
 def test_exec_basics(box: Sandbox) -> None:
@@ -18,7 +19,7 @@ def test_exec_basics(box: Sandbox) -> None:
 def test_runs_as_unprivileged_user(box: Sandbox) -> None:
     r = box.exec("id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status")
     lines = r.stdout.split()
-    assert lines[0] == "1000"
+    assert lines[0] == str(SANDBOX_UID)  # no host account (tests/sandbox/test_isolation.py)
     status = dict(zip(lines[1::2], lines[2::2], strict=True))
     assert status == {
         "CapEff:": "0000000000000000",

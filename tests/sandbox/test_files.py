@@ -46,6 +46,33 @@ def test_file_errors_are_clear(box: Sandbox) -> None:
         box.write_file("/testbed/dir/", "x")
 
 
+def test_read_file_says_permission_denied_naming_the_path(box: Sandbox) -> None:
+    """An unreadable file, directly or through a symlink, is a PermissionError naming the
+    path asked for and the file it leads to (was: "empty archive", a FileNotFoundError)."""
+    box.exec(
+        "echo s > /tmp/locked && chmod 000 /tmp/locked && ln -sf /tmp/locked /testbed/to-locked"
+        " && ln -sf /etc/shadow /testbed/to-shadow && mkfifo /tmp/fifo-r"
+    )
+    with pytest.raises(PermissionError, match=r"^/tmp/locked: permission denied"):
+        box.read_file("/tmp/locked")
+    with pytest.raises(
+        PermissionError, match=r"^/testbed/to-locked -> /tmp/locked: permission denied"
+    ):
+        box.read_file("to-locked")
+    with pytest.raises(
+        PermissionError, match=r"^/testbed/to-shadow -> /etc/shadow: permission denied"
+    ):
+        box.read_file("/testbed/to-shadow")
+    with pytest.raises(OSError, match="^/tmp/fifo-r: not a regular file"):
+        box.read_file("/tmp/fifo-r")
+    with pytest.raises(FileNotFoundError, match="/testbed/dangling -> /testbed/nowhere"):
+        box.exec("ln -sf nowhere /testbed/dangling")
+        box.read_file("/testbed/dangling")
+    box.exec(
+        "rm -f /tmp/locked /tmp/fifo-r /testbed/to-locked /testbed/to-shadow /testbed/dangling"
+    )
+
+
 def test_copy_in_and_out(box: Sandbox, tmp_path: Path) -> None:
     src = tmp_path / "in"
     (src / "docs" / "deep").mkdir(parents=True)

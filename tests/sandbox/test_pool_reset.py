@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
+import pyseccomp
 import pytest
 
 from sandbox import Sandbox, SandboxClosed, SandboxConfig, SandboxError, open_sandbox
@@ -23,6 +24,9 @@ from sandbox.pool import CreationPacer, PoolSettings, SandboxPool
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TMPFS = "/testbed /home/sandbox /tmp /dev/shm /dev/mqueue"
 WRITABLE = "/testbed /home/sandbox /tmp /dev/shm /dev/mqueue /run /var/tmp"
+ADD_KEY, KEYCTL = (
+    pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, n) for n in ("add_key", "keyctl")
+)
 
 # name -> a command whose output is a deterministic observation of the sandbox's state
 PROBES: dict[str, str] = {
@@ -62,6 +66,24 @@ PROBES: dict[str, str] = {
         " print(n, len(open('/proc/net/'+n).read().splitlines()[1:]))\""
     ),
     "hostname_identity": "hostname; id; cat /proc/self/status | grep -E '^(Cap|NoNewPrivs|Seccomp)'",
+    "acls_xattrs": (  # extended attributes and POSIX ACLs of every writable place and the
+        # mode a new file gets in each (a default ACL beats the umask)
+        'python3 -c "import os\n'
+        f"for d in '{WRITABLE}'.split():\n"
+        " if not os.path.isdir(d): continue\n"
+        " try: names = sorted(os.listxattr(d))\n"
+        " except OSError as e: names = [e.errno]\n"
+        " print(d, [(n, os.getxattr(d, n).hex()) if isinstance(n, str) else n for n in names])\n"
+        " f = os.path.join(d, '.sandflow-probe')\n"
+        " try: os.close(os.open(f, os.O_CREAT | os.O_WRONLY, 0o666))\n"
+        " except OSError as e: print(d, 'no file', e.errno); continue\n"
+        ' print(d, oct(os.stat(f).st_mode), sorted(os.listxattr(f))); os.unlink(f)"'
+    ),
+    "keyring": (  # the kernel keyring: /proc/keys, and whether keyctl answers at all
+        "cat /proc/keys /proc/key-users 2>&1 | sed 's/^[0-9a-f]* //'; "
+        'python3 -c "import ctypes, os; l = ctypes.CDLL(None, use_errno=True); '
+        f'print(l.syscall({KEYCTL}, 0, -4, 0), os.strerror(ctypes.get_errno()))"'
+    ),
     "previous_status": "echo $?",
     "home_history": "ls -la ~ | awk '{print $1, $NF}'; history | wc -l",
 }
@@ -93,8 +115,25 @@ if os.fork() == 0:
 time.sleep(1000)
 PY
 (while :; do echo noise; sleep 0.1; done) &
+python3 - <<'PY'
+import ctypes, os, struct
+# a default ACL (new files: owner rw, nobody else) and an access ACL, where the user owns
+# the place (docker's workdir and home), and user xattrs; keyctl/add_key for the keyring
+def acl(*entries):
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", t, p, 0xFFFFFFFF) for t, p in entries)
+for d in ("/testbed", "/home/sandbox", "/tmp"):
+    for name, value in (("system.posix_acl_default", acl((1, 6), (4, 0), (0x20, 0))),
+                        ("system.posix_acl_access", acl((1, 7), (4, 5), (0x20, 0))),
+                        ("user.left", b"x")):
+        try:
+            os.setxattr(d, name, value)
+        except OSError:
+            pass
+l = ctypes.CDLL(None, use_errno=True)
+l.syscall(@ADD_KEY@, b"user", b"left", b"secret", 6, -4)
+PY
 sleep 0.5
-"""
+""".replace("@ADD_KEY@", str(ADD_KEY))
 
 
 @pytest.fixture
@@ -129,7 +168,7 @@ def _wait_idle(p: SandboxPool, n: int = 1) -> None:
 
 
 def test_reset_sandbox_equals_fresh_on_every_probe(
-    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig]
+    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig], backend: str
 ) -> None:
     with open_sandbox(make_config("fresh-probe")) as fresh:
         expected = _observe(fresh)
@@ -143,7 +182,16 @@ def test_reset_sandbox_equals_fresh_on_every_probe(
     assert dirty.exit_code == 0, dirty.stderr
     dirtied = _observe(sb)
     sb.close()
-    must_see = ("processes", "cwd", "environment", "umask", "writable_places_tree", "sysv_ipc")
+    must_see: tuple[str, ...] = (
+        "processes",
+        "cwd",
+        "environment",
+        "umask",
+        "writable_places_tree",
+        "sysv_ipc",
+    )
+    if backend == "docker":  # the workdir and home are the user's own (bwrap: root's 1777)
+        must_see += ("acls_xattrs",)
     missed = [
         probe for probe in must_see + ("listening_sockets",) if dirtied[probe] == expected[probe]
     ]
@@ -159,6 +207,45 @@ def test_reset_sandbox_equals_fresh_on_every_probe(
         )
     again.close()
     assert p.stats.resets_failed == 0 and p.stats.created == 1
+
+
+DEFAULT_ACL = r"""
+import os, struct
+acl = struct.pack("<I", 2) + b"".join(
+    struct.pack("<HHI", tag, perm, 0xFFFFFFFF) for tag, perm in ((1, 6), (4, 0), (0x20, 0))
+)  # user::rw- group::--- other::---
+for d in ("/testbed", "/home/sandbox"):
+    try:
+        os.setxattr(d, "system.posix_acl_default", acl)
+        print(d, "set")
+    except OSError as e:
+        print(d, e.strerror)
+"""
+
+
+def test_a_default_acl_on_the_workdir_or_home_does_not_outlive_the_episode(
+    pool: Callable[..., SandboxPool], make_config: Callable[..., SandboxConfig], backend: str
+) -> None:
+    """Issue #22 item 10's sibling (#11): the next episode's new files were mode 600 while
+    `umask` said 022. The reset removes ACLs and extended attributes from the writable
+    places (the sandbox is reused), or the battery fails it (the sandbox is replaced)."""
+    p = pool()
+    sb = p.acquire(make_config("acl"))
+    name = sb.name
+    sb.write_file("/tmp/acl.py", DEFAULT_ACL)
+    r = sb.exec("python3 /tmp/acl.py; umask; touch /testbed/f ~/g; stat -c '%a' /testbed/f ~/g")
+    if backend == "docker":  # the user owns its workdir and home there (bwrap: root, 1777)
+        assert r.stdout.split() == ["/testbed", "set", "/home/sandbox", "set", "0022", "600", "600"]
+    sb.close()
+    _wait_idle(p)
+    again = p.acquire(make_config("after-acl"))
+    r = again.exec(
+        "umask; touch /testbed/f ~/g; stat -c '%a' /testbed/f ~/g; "
+        "python3 -c \"import os; print(os.listxattr('/testbed'), os.listxattr(os.path.expanduser('~')))\""
+    )
+    assert r.stdout.split("\n")[:4] == ["0022", "644", "644", "[] []"], r.stdout + r.stderr
+    assert again.name == name and p.stats.resets_failed == 0, p.stats
+    again.close()
 
 
 def test_lease_is_dead_after_close(

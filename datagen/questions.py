@@ -1,0 +1,226 @@
+"""The three LIS-RL question types: the JSON a generator must return, and its checks.
+
+A generator's reply is untrusted text. It becomes a question only when sandflow's own
+checks pass, each failure with one reason (the synth stage's funnel):
+
+    malformed_json          not one JSON object (a ```json fence is tolerated)
+    schema_mismatch         a field missing, empty or of the wrong type, or too long
+    options_not_distinct    two options the same after normalisation
+    answer_not_in_options   an answer letter outside the options ("E" of four)
+    wrong_answer_count      single choice with several letters, multi choice with one
+    unsupported_by_context  the lexical test: the evidence is not in the document, or the
+                            answer's words are not in it
+
+The lexical test is what "the answer is supported by the context" costs without another
+model call: the evidence sentence must occur in the document (whitespace and case
+folded), and most content words of the answer (the correct options' text for choice
+questions) must occur in the document. A document that talks the generator into
+writing something else (an injected instruction) fails it.
+
+Types map to the LIS-RL contract: single choice -> `single_choice` (exact match),
+multi choice "A, C" -> `multi_choice` (F1), free form -> `open` (math-verify, then
+ROUGE-L).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+TYPES = ("single_choice", "multi_choice", "free_form")
+QA_TYPE = {"single_choice": "single_choice", "multi_choice": "multi_choice", "free_form": "open"}
+REASONS = (
+    "malformed_json",
+    "schema_mismatch",
+    "options_not_distinct",
+    "answer_not_in_options",
+    "wrong_answer_count",
+    "unsupported_by_context",
+)
+MAX_FIELD_CHARS = 2000
+_WORD = re.compile(r"\w+")
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+_LETTER_SEP = re.compile(r"[,;\s]+")
+_OPTION_LETTER = re.compile(r"^\(?[A-Ha-h][).:]\s+")
+MAX_OPTIONS = 8
+MIN_ANSWER_SUPPORT = 0.6  # share of the answer's content words found in the document
+
+_STOP = frozenset(
+    ["a", "an", "the", "of", "in", "on", "at", "to", "for", "and", "or", "but", "is", "are", "was", "were", "be", "been", "by", "with", "from", "as", "that", "this", "these", "those", "it", "its", "which", "who", "what", "when", "where", "why", "how", "do", "does", "did", "not", "no", "yes"]
+)
+
+
+def json_schema(qtype: str) -> dict[str, Any]:
+    """The JSON schema of one question of `qtype` (sent as structured output)."""
+    props: dict[str, Any] = {
+        "question": {"type": "string", "minLength": 1},
+        "answer": {"type": "string", "minLength": 1},
+        "evidence": {"type": "string", "minLength": 1},
+    }
+    required = ["question", "answer", "evidence"]
+    if qtype == "single_choice":
+        props["options"] = {"type": "array", "items": {"type": "string"}, "minItems": 4, "maxItems": 4}
+        props["answer"] = {"type": "string", "enum": list("ABCD")}
+        required.insert(1, "options")
+    elif qtype == "multi_choice":
+        props["options"] = {"type": "array", "items": {"type": "string"}, "minItems": 4, "maxItems": 5}
+        props["answer"] = {"type": "string", "pattern": "^[A-E](, [A-E])+$"}
+        required.insert(1, "options")
+    elif qtype != "free_form":
+        raise ValueError(f"question type {qtype!r}: use one of {', '.join(TYPES)}")
+    return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class Question:
+    """A checked question, with what it came from."""
+
+    qtype: str
+    question: str
+    answer: str  # letters "A" / "A, C" for choice types, the phrase for free form
+    evidence: str
+    options: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def qa_type(self) -> str:
+        return QA_TYPE[self.qtype]
+
+    def text(self) -> str:
+        """The text duplicates and contamination are judged on."""
+        return "\n".join([self.question, *self.options, self.answer_text()])
+
+    def answer_text(self) -> str:
+        if not self.options:
+            return self.answer
+        return " ; ".join(self.options[LETTERS.index(x)] for x in self.letters())
+
+    def letters(self) -> list[str]:
+        return [x.strip() for x in self.answer.split(",") if x.strip()]
+
+    def key(self, piece_id: str) -> str:
+        blob = json.dumps([piece_id, self.qtype, self.question, list(self.options), self.answer])
+        return "q-" + hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+class Invalid(ValueError):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def _fold(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def content_words(text: str) -> list[str]:
+    return [w for w in _WORD.findall(text.lower()) if w not in _STOP]
+
+
+MAX_REPLY_CHARS = 64_000  # a question is a few hundred characters; more is not one
+
+
+def parse_json(content: str | None) -> dict[str, Any]:
+    """The one JSON object of a reply. The reply is the endpoint's text, untrusted: its
+    length is bounded before parsing, and nesting deep enough to exhaust the parser's
+    recursion is malformed JSON, not a crash of the stage."""
+    if not content or not content.strip():
+        raise Invalid("malformed_json", "the reply is empty")
+    if len(content) > MAX_REPLY_CHARS:
+        raise Invalid("malformed_json", f"the reply is {len(content):,} characters, over {MAX_REPLY_CHARS:,}")
+    text = content.strip()
+    fence = _FENCE.match(text) if text.startswith("```") else None
+    if fence:
+        text = fence.group(1)
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise Invalid("malformed_json", f"not JSON ({e.msg} at offset {e.pos})") from None
+    except RecursionError:
+        raise Invalid("malformed_json", "nested too deeply to be a question") from None
+    if not isinstance(obj, dict):
+        raise Invalid("malformed_json", f"a JSON {type(obj).__name__}, not an object")
+    return obj
+
+
+def _text_field(obj: dict[str, Any], name: str) -> str:
+    value = obj.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise Invalid("schema_mismatch", f"{name!r} is missing or not a non-empty string")
+    if len(value) > MAX_FIELD_CHARS:
+        raise Invalid("schema_mismatch", f"{name!r} is {len(value)} characters, over {MAX_FIELD_CHARS}")
+    return value.strip()
+
+
+def _letters(answer: str, n_options: int) -> list[str]:
+    parts = [p.strip().strip("()").upper() for p in _LETTER_SEP.split(answer) if p.strip()]
+    bad = [p for p in parts if len(p) != 1 or p not in LETTERS]
+    if bad or not parts:
+        raise Invalid("answer_not_in_options", f"answer {answer!r} is not option letters")
+    outside = [p for p in parts if LETTERS.index(p) >= n_options]
+    if outside:
+        raise Invalid(
+            "answer_not_in_options",
+            f"answer letter {outside[0]} is outside the {n_options} options (A-{LETTERS[n_options - 1]})",
+        )
+    return sorted(set(parts))
+
+
+@functools.lru_cache(maxsize=64)
+def _document_index(context: str) -> tuple[str, frozenset[str]]:
+    """The folded document and its words, once per piece (n questions ask about one piece)."""
+    folded = _fold(context)
+    return folded, frozenset(_WORD.findall(folded))
+
+
+def supported(answer_text: str, evidence: str, context: str) -> str | None:
+    """Why the answer is not supported by `context` (None: it is), by the lexical test."""
+    folded, doc_words = _document_index(context)
+    if _fold(evidence) not in folded:
+        return "the evidence is not a passage of the document"
+    words = content_words(answer_text)
+    if not words:
+        return None  # a number or a stop word only: the evidence carries it
+    found = sum(1 for w in words if w in doc_words)
+    if found / len(words) < MIN_ANSWER_SUPPORT:
+        return f"only {found} of the answer's {len(words)} content words occur in the document"
+    return None
+
+
+def check(qtype: str, content: str | None, context: str) -> Question:
+    """The question in a generator's reply, or Invalid(reason, detail)."""
+    obj = parse_json(content)
+    question = _text_field(obj, "question")
+    answer = _text_field(obj, "answer")
+    evidence = _text_field(obj, "evidence")
+    options: tuple[str, ...] = ()
+    if qtype in ("single_choice", "multi_choice"):
+        raw = obj.get("options")
+        if not isinstance(raw, list) or not all(isinstance(o, str) and o.strip() for o in raw):
+            raise Invalid("schema_mismatch", "'options' is missing or not a list of non-empty strings")
+        if not 2 <= len(raw) <= MAX_OPTIONS:
+            raise Invalid("schema_mismatch", f"{len(raw)} options; give 2 to {MAX_OPTIONS}")
+        options = tuple(_OPTION_LETTER.sub("", o.strip()) for o in raw)
+        folded = [_fold(o) for o in options]
+        if len(set(folded)) != len(folded):
+            dup = next(o for o in options if folded.count(_fold(o)) > 1)
+            raise Invalid("options_not_distinct", f"the option {dup!r} appears twice")
+        letters = _letters(answer, len(options))
+        if qtype == "single_choice" and len(letters) != 1:
+            raise Invalid("wrong_answer_count", f"single choice with {len(letters)} answers ({answer!r})")
+        if qtype == "multi_choice" and len(letters) < 2:
+            raise Invalid("wrong_answer_count", f"multiple choice with one answer ({answer!r})")
+        answer = ", ".join(letters)
+    elif qtype != "free_form":
+        raise ValueError(f"question type {qtype!r}: use one of {', '.join(TYPES)}")
+    q = Question(qtype, question, answer, evidence, options)
+    why = supported(q.answer_text(), evidence, context)
+    if why:
+        raise Invalid("unsupported_by_context", why)
+    return q

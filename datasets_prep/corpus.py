@@ -1,0 +1,402 @@
+"""Raw general-domain text -> pieces with stable ids: the ingest stage of an RL data build.
+
+Sources: a folder of documents (text, Markdown, HTML, PDF), a table file with a text
+column (JSONL, JSON, Parquet, CSV), or `hf:NAME[:CONFIG][@SPLIT]` through the loader
+every task set uses (datasets_prep.loaders). Text is normalised with ftfy (mojibake,
+odd quotes, Unicode forms) and newlines are unified; a long document is split by a
+token budget at section, paragraph or line boundaries (convert.split_document: the
+pieces join back into the document exactly), and each piece keeps its document id,
+its source and its character offsets into the normalised document.
+
+Ids are content hashes, so the same corpus always gives the same ids and a re-run
+reuses what was done: a document is `d-` + sha256(normalised text), a piece `p-` +
+sha256(document id, offsets, text).
+
+A document that cannot be used never stops the build and never vanishes: it is
+counted with one reason (`REASONS`) and a detail naming it. A folder is walked
+without following anything: a symlink that leads outside the folder is refused
+(`unsafe_path`), a symlink to a file inside is read as that file, a symlink to a folder
+is skipped (its files are read under their own names), and files are opened through
+datasets_prep.paths (O_NOFOLLOW, the opened fd checked to be inside, bounded reads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from datasets_prep import limits as L
+from datasets_prep.convert import split_document
+from datasets_prep.paths import (
+    UnsafePathError,
+    WalkEntry,
+    folder_to_walk,
+    open_regular,
+    read_fd,
+    show,
+    walk_folder,
+)
+
+# Why a document was left out (the funnel's reasons for the ingest stage).
+REASONS = (
+    "binary",  # NUL bytes, or a file type that holds no text (images, archives, ...)
+    "empty",  # nothing left after extraction and normalisation
+    "undecodable",  # not UTF-8 (nor UTF-16 with a BOM)
+    "oversized",  # over the per-document size bound
+    "unsafe_path",  # a symlink leading outside the folder, a name that is not UTF-8, ...
+    "not_a_file",  # a fifo, socket or device
+    "extract_failed",  # the HTML/PDF extractor failed on it
+    "duplicate_document",  # the same normalised text as an earlier document
+)
+
+TEXT_SUFFIXES = frozenset({".txt", ".text", ".md", ".markdown", ".rst", ".org", ".tex", ".csv", ".tsv"})
+HTML_SUFFIXES = frozenset({".html", ".htm", ".xhtml"})
+PDF_SUFFIXES = frozenset({".pdf"})
+TABLE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv", ".tsv")
+BINARY_SUFFIXES = frozenset(
+    {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".ico", ".zip", ".gz", ".bz2", ".xz",
+     ".tar", ".7z", ".exe", ".so", ".dll", ".bin", ".pyc", ".mp3", ".mp4", ".wav", ".ogg"}
+)  # fmt: skip
+
+CHARS_PER_TOKEN = 4  # the token estimate of the budget: documented, model independent
+DEFAULT_PIECE_TOKENS = 1024
+_HTML_DROP = ("script", "style", "noscript", "template", "svg", "head", "nav", "footer")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A span of a normalised document: the unit questions are written from."""
+
+    piece_id: str
+    doc_id: str
+    source: str
+    start: int
+    end: int
+    tokens: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A document left out, with its reason (one of REASONS) and what was wrong."""
+
+    source: str
+    reason: str
+    detail: str
+
+
+@dataclass
+class Document:
+    source: str
+    doc_id: str
+    chars: int
+    pieces: int
+
+
+@dataclass
+class IngestResult:
+    """What ingest saw: every document is either in `documents` or in `rejected`."""
+
+    documents: list[Document] = field(default_factory=list)
+    pieces: list[Piece] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)
+
+    @property
+    def seen(self) -> int:
+        return len(self.documents) + len(self.rejected)
+
+
+class CorpusError(ValueError):
+    """The corpus itself cannot be read (no such folder, a table without the text column):
+    one sentence naming it, raised before any work."""
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens of `text` by the budget's estimate (CHARS_PER_TOKEN characters a token)."""
+    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+
+
+def normalise(text: str) -> str:
+    """ftfy's repairs (mojibake, curly quotes kept, NFC), unified newlines, no NUL."""
+    import ftfy
+
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
+    return ftfy.fix_text(text, normalization="NFC")
+
+
+def doc_id_of(text: str) -> str:
+    return "d-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def piece_id_of(doc_id: str, start: int, end: int, text: str) -> str:
+    h = hashlib.sha256(f"{doc_id}:{start}:{end}:".encode())
+    h.update(text.encode("utf-8", "surrogatepass"))
+    return "p-" + h.hexdigest()[:16]
+
+
+def split_pieces(doc_id: str, source: str, text: str, piece_tokens: int) -> list[Piece]:
+    """Pieces of at most ~piece_tokens (estimated) with their offsets; they join back
+    into `text` exactly. Whitespace-only pieces are folded into the previous one."""
+    max_chars = max(1, piece_tokens * CHARS_PER_TOKEN)
+    out: list[Piece] = []
+    pos = 0
+    for chunk in split_document(text, max_chars):
+        start, pos = pos, pos + len(chunk)
+        if not chunk.strip():
+            continue
+        out.append(Piece(piece_id_of(doc_id, start, pos, chunk), doc_id, source, start, pos,
+                         estimate_tokens(chunk), chunk))
+    return out
+
+
+# ----------------------------------------------------------------------- extraction
+class _Reject(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def decode_text(data: bytes) -> str:
+    """UTF-8 (a BOM allowed), or UTF-16 with its BOM; NUL bytes mean binary."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as e:
+            raise _Reject("undecodable", f"not valid UTF-16 (byte offset {e.start})") from None
+    if b"\x00" in data[:8192]:
+        raise _Reject("binary", "holds NUL bytes: not a text document")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise _Reject(
+            "undecodable", f"not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
+
+
+def html_text(data: bytes) -> str:
+    """The readable text of an HTML page (selectolax/lexbor; scripts, styles, navigation
+    and the head left out; block elements end lines)."""
+    from selectolax.lexbor import LexborHTMLParser
+
+    html = decode_text(data)
+    try:
+        tree = LexborHTMLParser(html)
+        for tag in _HTML_DROP:
+            for node in tree.css(tag):
+                node.decompose()
+        root = tree.body or tree.root
+        text = root.text(separator="\n", strip=True) if root is not None else ""
+    except Exception as e:  # lexbor on hostile markup: counted, never fatal
+        raise _Reject("extract_failed", f"HTML extraction failed: {type(e).__name__}: {e}") from None
+    return re.sub(r"\n{3,}", "\n\n", text)
+
+
+def pdf_text(data: bytes, max_pages: int = 2000) -> str:
+    """The text layer of a PDF (pypdf), page by page; a PDF without one is empty."""
+    import io
+
+    from pypdf import PdfReader
+
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted:
+            raise _Reject("extract_failed", "the PDF is encrypted")
+        pages = []
+        for i, page in enumerate(reader.pages):
+            if i >= max_pages:
+                break
+            pages.append(page.extract_text() or "")
+    except _Reject:
+        raise
+    except Exception as e:
+        raise _Reject("extract_failed", f"PDF extraction failed: {type(e).__name__}: {e}") from None
+    return "\n\n".join(p.strip() for p in pages if p.strip())
+
+
+def extract(name: str, data: bytes) -> str:
+    """Text of one file by its suffix; an unknown suffix is read as text if it is text."""
+    suffix = os.path.splitext(name)[1].lower()
+    if suffix in BINARY_SUFFIXES:
+        raise _Reject("binary", f"a {suffix} file holds no text")
+    if suffix in HTML_SUFFIXES:
+        return html_text(data)
+    if suffix in PDF_SUFFIXES or data.startswith(b"%PDF-"):
+        return pdf_text(data)
+    return decode_text(data)
+
+
+# ------------------------------------------------------------------------- sources
+@dataclass
+class RawDocument:
+    source: str
+    text: str | None = None
+    reject: Rejected | None = None
+
+
+_WALK_REASONS = {
+    "unlistable": "unsafe_path", "bad_name": "unsafe_path", "stat_error": "unsafe_path",
+    "link_outside": "unsafe_path", "link_broken": "unsafe_path", "special": "not_a_file",
+}  # fmt: skip
+
+
+def _walk_detail(e: WalkEntry) -> str:
+    return {
+        "unlistable": f"cannot list the folder ({e.detail})",
+        "bad_name": f"the file name {e.detail}",
+        "link_outside": f"a symlink to {e.detail!r}, outside the corpus folder",
+        "link_broken": f"a symlink that cannot be followed ({e.detail})",
+        "special": f"{e.detail}, not a regular file",
+    }.get(e.kind, e.detail)
+
+
+def iter_folder(root: str | Path, max_bytes: int) -> Iterator[RawDocument]:
+    """Every file under `root` (sorted, files before subfolders) as text or as a rejection:
+    datasets_prep.paths walks it (nothing followed out of it) and opens each file."""
+    try:
+        real_root = folder_to_walk(root, "corpus folder")
+    except UnsafePathError as err:
+        raise CorpusError(str(err)) from None
+    for e in walk_folder(real_root):
+        rel = show(e.rel).strip("'")
+        if e.kind in ("dir", "link_dir"):
+            continue  # a folder's files come as their own entries; a linked folder could loop
+        if e.kind != "file":
+            yield RawDocument(rel, reject=Rejected(rel, _WALK_REASONS[e.kind], _walk_detail(e)))
+            continue
+        assert e.st is not None
+        if e.st.st_size > max_bytes:
+            yield RawDocument(rel, reject=Rejected(
+                rel, "oversized", L.over_limit(rel, e.st.st_size, "max_file_bytes", "per file")))
+            continue
+        try:
+            fd = open_regular(e.path, root=real_root, expect=e.st)
+            try:
+                data = read_fd(fd, max_bytes, rel, "max_file_bytes", "per file")
+            finally:
+                os.close(fd)
+        except UnsafePathError as bad:
+            yield RawDocument(rel, reject=Rejected(rel, "unsafe_path", str(bad)))
+            continue
+        try:
+            yield RawDocument(rel, text=extract(e.rel, data))
+        except _Reject as r:
+            yield RawDocument(rel, reject=Rejected(rel, r.reason, r.detail))
+
+
+def iter_table(source: str, text_column: str, max_bytes: int,
+               limit: int | None = None) -> Iterator[RawDocument]:
+    """Rows of a table file or `hf:` dataset, the text in `text_column`."""
+    from datasets_prep.loaders import SourceError, load_rows
+
+    try:
+        rows = load_rows(source, limit=limit)
+    except SourceError as e:
+        raise CorpusError(str(e)) from None
+    if rows and text_column not in rows[0]:
+        raise CorpusError(
+            f"{source!r} has no column {text_column!r} (its columns: "
+            f"{', '.join(sorted(map(str, rows[0])))}); name the text column with --text-column"
+        )
+    label = source if source.startswith("hf:") else Path(source).name
+    for i, row in enumerate(rows):
+        where = f"{label}#row{i}"
+        value = row.get(text_column)
+        if value is None:
+            yield RawDocument(where, reject=Rejected(where, "empty", f"no value in {text_column!r}"))
+        elif isinstance(value, bytes):
+            if len(value) > max_bytes:
+                yield RawDocument(where, reject=Rejected(
+                    where, "oversized", L.over_limit(where, len(value), "max_file_bytes", "per file")))
+                continue
+            try:
+                yield RawDocument(where, text=decode_text(value))
+            except _Reject as r:
+                yield RawDocument(where, reject=Rejected(where, r.reason, r.detail))
+        elif not isinstance(value, str):
+            yield RawDocument(where, reject=Rejected(
+                where, "binary", f"{text_column!r} holds a {type(value).__name__}, not text"))
+        elif len(value) > max_bytes:
+            yield RawDocument(where, reject=Rejected(
+                where, "oversized", L.over_limit(where, len(value), "max_file_bytes", "per file")))
+        else:
+            yield RawDocument(where, text=value)
+
+
+def is_table_source(source: str) -> bool:
+    return source.startswith("hf:") or (
+        Path(source).suffix.lower() in TABLE_SUFFIXES and Path(source).is_file()
+    )
+
+
+def check_source(source: str) -> None:
+    """Raise CorpusError (one sentence naming it) when `source` cannot be a corpus."""
+    if source.startswith("hf:"):
+        return
+    p = Path(source)
+    if not p.exists():
+        raise CorpusError(f"corpus {source!r} does not exist (a folder, a table file or hf:NAME)")
+    if p.is_file() and p.suffix.lower() not in TABLE_SUFFIXES:
+        raise CorpusError(
+            f"corpus {source!r} is a {p.suffix or 'suffix-less'} file; give a folder of documents "
+            f"or a table ({', '.join(TABLE_SUFFIXES)}) with a text column"
+        )
+
+
+def ingest(
+    source: str,
+    *,
+    text_column: str = "text",
+    piece_tokens: int = DEFAULT_PIECE_TOKENS,
+    max_doc_bytes: int | None = None,
+    limit: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> IngestResult:
+    """Read a corpus into pieces; every document ends up in `documents` or `rejected`."""
+    if piece_tokens < 16:
+        raise CorpusError(f"piece tokens {piece_tokens}: use at least 16")
+    check_source(source)
+    max_bytes = max_doc_bytes or L.LIMITS.max_file_bytes
+    raw: Iterable[RawDocument] = (
+        iter_table(source, text_column, max_bytes, limit) if is_table_source(source)
+        else iter_folder(source, max_bytes)
+    )
+    out = IngestResult()
+    seen: dict[str, str] = {}
+    for n, doc in enumerate(raw):
+        if limit is not None and n >= limit:
+            break
+        if progress is not None:
+            progress(n + 1)
+        if doc.reject is not None:
+            out.rejected.append(doc.reject)
+            continue
+        text = normalise(doc.text or "")
+        if not text.strip():
+            out.rejected.append(Rejected(doc.source, "empty", "no text after extraction"))
+            continue
+        did = doc_id_of(text)
+        if did in seen:
+            out.rejected.append(Rejected(doc.source, "duplicate_document", f"same text as {seen[did]}"))
+            continue
+        seen[did] = doc.source
+        pieces = split_pieces(did, doc.source, text, piece_tokens)
+        out.pieces.extend(pieces)
+        out.documents.append(Document(doc.source, did, len(text), len(pieces)))
+    return out
+
+
+def reasons_count(rejected: Iterable[Rejected]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in rejected:
+        counts[r.reason] = counts.get(r.reason, 0) + 1
+    return counts
+
+
+def piece_rows(pieces: Iterable[Piece]) -> list[dict[str, Any]]:
+    return [p.__dict__.copy() for p in pieces]

@@ -1,0 +1,174 @@
+"""RL data from raw text as Prefect flows: ingest, synth, clean, calibrate, export, build.
+
+Each stage is its own flow (re-runnable alone: `sandflow data ingest|synth|clean|
+calibrate|export`), and `data_build_flow` runs them in order as subflows; the work is
+datagen.build.Build's (one output folder, stages keyed by content hashes, every item
+recorded in the warehouse's data_items). Progress goes through engine/progress.py like a
+run's episodes: synthesis reports each question slot, calibration each episode.
+
+Calibration runs the base policy through `base_policy`, THE one place this pipeline
+starts episodes: today the run flow and the score flow (resumable by run id), tomorrow
+the engine (engine/), by changing that function only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from datagen.build import Build
+from datagen.calibrate import Band, PolicyRunner
+from datagen.questions import TYPES
+from datagen.synth import SlotOutcome, resolve_structured
+from engine import progress
+from tasks.model import ModelConfig, api_key_from_env
+from tasks.spec import RunSpec
+from warehouse import DEFAULT_ROOT, Warehouse
+from warehouse.rundata import RunData
+
+
+def base_policy(spec: RunSpec) -> PolicyRunner:
+    """Run k samples of a task-set file in the sandbox under a run id, score them, read the
+    run back. A re-run with the same run id resumes (finished episodes are skipped)."""
+    from flows.run import make_task_runner, run_flow
+    from flows.score import score_flow
+
+    def run(task_set: str, run_id: str, samples: int) -> RunData:
+        root = spec.warehouse or DEFAULT_ROOT
+        one = spec.model_copy(update={"task_set": task_set, "run_id": run_id, "samples": samples,
+                                      "mode": "sandbox", "warehouse": root})
+        run_flow.with_options(task_runner=make_task_runner("thread", one.concurrency))(one)
+        score_flow(run_id=run_id, warehouse=root, task_set=task_set)
+        return Warehouse(root).load_run(run_id)
+
+    return run
+
+
+def _synth_progress(total: int, build_id: str) -> Any:
+    progress.planned(total=total, skipped=0, run_id=build_id)
+
+    def on(o: SlotOutcome) -> None:
+        progress.finished(o.slot_id, ok=o.kept, termination=o.reason or "kept")
+
+    return on
+
+
+@flow(name="sandflow-data-ingest", log_prints=False)
+def data_ingest_flow(corpus: str, out: str, warehouse: str = DEFAULT_ROOT, text_column: str = "text",
+                     piece_tokens: int = 1024, max_doc_bytes: int | None = None,
+                     limit: int | None = None, build_id: str | None = None) -> dict[str, Any]:
+    b = Build(out, warehouse=warehouse, build_id=build_id)
+    return b.ingest(corpus, text_column=text_column, piece_tokens=piece_tokens,
+                    max_doc_bytes=max_doc_bytes, limit=limit).as_dict()
+
+
+@flow(name="sandflow-data-synth", log_prints=False)
+def data_synth_flow(out: str, warehouse: str = DEFAULT_ROOT, model: str | None = None,
+                    base_url: str | None = None, questions: int = 3, types: list[str] | None = None,
+                    structured: str = "auto", concurrency: int = 4, template: str | None = None,
+                    temperature: float = 0.7, max_tokens: int = 1024, domain: str = "general",
+                    request_timeout_s: float = 120.0, build_id: str | None = None) -> dict[str, Any]:
+    """Questions from the pieces; no base_url: the embedded model, started for the stage."""
+    from tasks.local_model import endpoint
+    from tasks.model import preflight
+
+    b = Build(out, warehouse=warehouse, build_id=build_id)
+    types = list(types or TYPES)
+    pieces = len(b.pieces())
+    cfg = ModelConfig(model=model or "default", base_url=base_url, api_key=api_key_from_env(),
+                      temperature=temperature, max_tokens=max_tokens, request_timeout_s=request_timeout_s)
+    structured = resolve_structured(structured, embedded=not base_url)
+    if not base_url:  # the embedded server answers one request at a time: queue here
+        concurrency = 1
+    with endpoint(cfg) as live:
+        live = preflight(live, model_given=bool(model) or not base_url)
+        return b.synth(live, n=questions, types=types, structured=structured, concurrency=concurrency,
+                       template=template, domain=domain,
+                       progress=_synth_progress(pieces * questions, b.build_id)).as_dict()
+
+
+@flow(name="sandflow-data-clean", log_prints=False)
+def data_clean_flow(out: str, warehouse: str = DEFAULT_ROOT, decontaminate: list[str] | None = None,
+                    ngram: int = 13, threshold: float = 0.8, build_id: str | None = None) -> dict[str, Any]:
+    b = Build(out, warehouse=warehouse, build_id=build_id)
+    return b.clean(decontaminate=decontaminate or [], ngram=ngram, threshold=threshold).as_dict()
+
+
+@flow(name="sandflow-data-calibrate", log_prints=False)
+def data_calibrate_flow(out: str, spec: RunSpec, samples: int = 4, band: str = "auto",
+                        pass_score: float = 1.0, build_id: str | None = None) -> dict[str, Any]:
+    """The base policy (spec: model, sandbox, limits, warehouse) k times per candidate."""
+    b = Build(out, warehouse=spec.warehouse or DEFAULT_ROOT, build_id=build_id)
+    return b.calibrate(base_policy(spec), samples=samples, band=Band.parse(band), pass_score=pass_score,
+                       policy_model=spec.model or "(embedded)").as_dict()
+
+
+@flow(name="sandflow-data-export", log_prints=False)
+def data_export_flow(out: str, warehouse: str = DEFAULT_ROOT, pass_score: float = 1.0,
+                     build_id: str | None = None) -> dict[str, Any]:
+    wh = Warehouse(warehouse)
+    b = Build(out, warehouse=warehouse, build_id=build_id)
+
+    def runs(run_id: str) -> RunData:
+        return wh.load_run(run_id)
+
+    return b.export(runs=runs, pass_score=pass_score).as_dict()
+
+
+@flow(name="sandflow-data-build", log_prints=False)
+def data_build_flow(corpus: str, out: str, spec: RunSpec, questions: int = 3,
+                    types: list[str] | None = None, structured: str = "auto",
+                    synth_concurrency: int = 4, template: str | None = None,
+                    synth_temperature: float = 0.7, synth_max_tokens: int = 1024,
+                    text_column: str = "text", piece_tokens: int = 1024, limit: int | None = None,
+                    decontaminate: list[str] | None = None, samples: int = 4, band: str = "auto",
+                    domain: str = "general", calibrate: bool = True,
+                    build_id: str | None = None) -> dict[str, Any]:
+    """corpus -> pieces -> questions -> clean -> calibrated -> train/SFT/card, in `out`.
+    The generator is the spec's endpoint (the same model writes and, as the base policy,
+    calibrates; pass another spec to data_calibrate_flow for a different policy).
+    `calibrate=False` exports the clean candidates without a pass-rate band."""
+    wh = spec.warehouse or DEFAULT_ROOT
+    stages: dict[str, Any] = {}
+    stages["ingest"] = data_ingest_flow(corpus, out, wh, text_column=text_column, piece_tokens=piece_tokens,
+                                        limit=limit, build_id=build_id)
+    stages["synth"] = data_synth_flow(out, wh, model=spec.model, base_url=spec.base_url, questions=questions,
+                                      types=types, structured=structured, concurrency=synth_concurrency,
+                                      template=template, temperature=synth_temperature,
+                                      max_tokens=synth_max_tokens, domain=domain, build_id=build_id,
+                                      request_timeout_s=spec.request_timeout_s or 120.0)
+    stages["clean"] = data_clean_flow(out, wh, decontaminate=decontaminate, build_id=build_id)
+    if calibrate:
+        stages["calibrate"] = data_calibrate_flow(out, spec, samples=samples, band=band, build_id=build_id)
+    else:
+        Build(out, warehouse=wh, build_id=build_id).skip_calibration()
+    stages["export"] = data_export_flow(out, wh, build_id=build_id)
+    return {"out": str(Path(out)), "build_id": Build(out, build_id=build_id).build_id, "stages": stages}
+
+
+@flow(name="sandflow-data-build", log_prints=False)
+def data_build_job(
+    corpus: str,
+    out: str,
+    warehouse: str = DEFAULT_ROOT,
+    model: str | None = None,
+    base_url: str | None = None,
+    questions: int = 3,
+    samples: int = 4,
+    band: str = "auto",
+    decontaminate: list[str] | None = None,
+    concurrency: int = 4,
+    max_steps: int = 30,
+    max_tokens: int = 1024,
+    calibrate: bool = True,
+    build_id: str | None = None,
+) -> dict[str, Any]:
+    """The deployment's entry (prefect.yaml `data-build`): plain parameters (Prefect stores
+    them; the endpoint's key comes from the worker's SANDFLOW_API_KEY, never from here)."""
+    spec = RunSpec(model=model, base_url=base_url, warehouse=warehouse, mode="sandbox",
+                   concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens)
+    return data_build_flow(corpus, out, spec, questions=questions, synth_concurrency=concurrency,
+                           synth_max_tokens=max_tokens, decontaminate=decontaminate, samples=samples,
+                           band=band, calibrate=calibrate, build_id=build_id)

@@ -1,0 +1,52 @@
+"""RL data builds in the warehouse: one batch file per stage execution (`data_items`).
+
+A stage (datagen/, flows/data.py) hands every item it saw, kept or dropped with its
+reason; a re-run of the stage writes a new batch and the views read the newest batch of
+each (build, stage), so re-running replaces, never adds. `in = out + dropped` holds by
+construction: each item is one row with `kept` true or false.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from datasets_prep.secrets import scrub
+from warehouse.convert import now_utc, rows_table
+from warehouse.layout import Layout, new_id, write_parquet_atomic
+from warehouse.schema import DATA_ITEMS, check_run_id
+
+STAGES = ("ingest", "synth", "clean", "calibrate", "export")
+MARKER = ""  # the item_id of a batch's marker row (warehouse/data_views.py leaves it out)
+_FIELDS = frozenset(DATA_ITEMS.names) - {"run_id", "stage", "stage_order", "stage_key", "batch_id", "recorded_at"}
+
+
+def write_data_items(
+    layout: Layout, build_id: str, stage: str, items: Iterable[Mapping[str, Any]], *, stage_key: str | None = None
+) -> Path:
+    """Store one stage's items of one build. Every batch also holds one marker row
+    (`item_id` '', kept, never counted): a stage that saw nothing still shows in the funnel
+    with 0 in, and its re-run still replaces the earlier batch."""
+    check_run_id(build_id)
+    if stage not in STAGES:
+        raise ValueError(f"data stage {stage!r}: use one of {', '.join(STAGES)}")
+    batch_id = new_id()
+    ts = now_utc()
+    rows = []
+    for i, item in enumerate(items):
+        extra = set(item) - _FIELDS
+        if extra:
+            raise ValueError(f"data_items row {i}: unknown field(s) {sorted(extra)}")
+        if not item.get("item_id"):
+            raise ValueError(f"data_items row {i}: item_id is empty")
+        row = dict(item)
+        if row.get("detail"):
+            row["detail"] = scrub(str(row["detail"]))
+        row.update(run_id=build_id, stage=stage, stage_order=STAGES.index(stage),
+                   stage_key=stage_key, batch_id=batch_id, recorded_at=ts)
+        rows.append(row)
+    rows.append({"item_id": MARKER, "kept": True, "detail": "stage marker", "run_id": build_id,
+                 "stage": stage, "stage_order": STAGES.index(stage), "stage_key": stage_key,
+                 "batch_id": batch_id, "recorded_at": ts})
+    return write_parquet_atomic(rows_table("data_items", rows), layout.batch_file("data_items", build_id, batch_id))
