@@ -4,7 +4,7 @@ N sandbox-mode episodes (default 200) of a scripted model that solves each task 
 turns and answers instantly, at C concurrent sandboxes (default 16), on this host's
 Docker engine. Three passes, the same work each time, each under its own run id:
 
-1. floor: the episode body (`flows.episode.run_one`) in a plain ThreadPoolExecutor of C
+1. floor: the episode body (`engine.episode.run_one`) in a plain ThreadPoolExecutor of C
    threads in this process: no Prefect, no CLI; what the machine can do at all.
 2. flow: `sandflow flows run ... --concurrency C` as a subprocess (Prefect ephemeral
    mode, thread task runner). Its RSS is sampled from /proc every 0.2 s (peak reported).
@@ -82,8 +82,8 @@ def _outcome(wh: Path, run_id: str, episodes: int) -> tuple[int, int]:
 
 
 def floor_pass(ts_tasks: list[Any], model: ScriptedModel, wh: Path, run_id: str, concurrency: int) -> float:
-    from flows.episode import run_one
-    from flows.run import plan
+    from engine.episode import run_one
+    from engine.plan import plan
     from tasks.spec import RunSpec
 
     specs = plan(ts_tasks, run_id, "sandbox", 1)

@@ -17,7 +17,7 @@ from sandflow's episodes but not from the peer, which runs in its own process).
             default durability "turn" (every turn journaled before the loop goes on and
             group-committed to disk, at most each open episode's last turn at risk in
             an OS crash; Parquet per episode, fsynced), as its summary reports it.
-- floor:    the same episodes through `flows.episode.run_one` in a plain thread pool of
+- floor:    the same episodes through `engine.episode.run_one` in a plain thread pool of
             4 (no Prefect), to show what the orchestration itself costs.
 
 prefect_overhead_frac: Prefect's engine time per episode (the gap between one task
@@ -293,9 +293,10 @@ def _flow(
 
 
 def run_plain(taskset: Path, url: str, workers: int, turns: int, warehouse: Path) -> float:
-    """The same episodes without Prefect: a thread pool over flows.episode.run_one."""
+    """The same episodes without Prefect: a thread pool over engine.episode.run_one."""
     from datasets_prep.io import read_taskset
-    from flows.episode import EpisodeSpec, run_one
+    from engine.episode import run_one
+    from engine.plan import EpisodeSpec
     from tasks.spec import RunSpec
 
     ts = read_taskset(taskset)

@@ -82,10 +82,17 @@ def check_file_name(name: str) -> str:
     parts = PurePosixPath(name).parts
     if any(p == ".." for p in parts):
         raise ValueError(f"file name {name!r} contains '..' and could escape the input directory")
-    if any(len(p) > MAX_NAME_CHARS for p in parts):
-        raise ValueError(f"file name {name!r} has a component longer than {MAX_NAME_CHARS} characters")
     if name.endswith("/"):
         raise ValueError(f"file name {name!r} names a directory, not a file")
+    # '.', './', 'a/./b', 'a//b': PurePosixPath folds these away, so '.' would name the
+    # input directory itself (placing it fails in every episode: "Is a directory").
+    if any(p in ("", ".") for p in name.split("/")):
+        raise ValueError(
+            f"file name {name!r} has an empty or '.' part, so it does not name one file in the "
+            "input directory; give a plain relative path such as 'notes.txt' or 'data/notes.txt'"
+        )
+    if any(len(p) > MAX_NAME_CHARS for p in parts):
+        raise ValueError(f"file name {name!r} has a component longer than {MAX_NAME_CHARS} characters")
     return name
 
 

@@ -3,7 +3,7 @@
 Each stage is its own flow (re-runnable alone: `sandflow data ingest|synth|clean|
 calibrate|export`), and `data_build_flow` runs them in order as subflows; the work is
 datagen.build.Build's (one output folder, stages keyed by content hashes, every item
-recorded in the warehouse's data_items). Progress goes through flows/progress.py like a
+recorded in the warehouse's data_items). Progress goes through engine/progress.py like a
 run's episodes: synthesis reports each question slot, calibration each episode.
 
 Calibration runs the base policy through `base_policy`, THE one place this pipeline
@@ -22,7 +22,7 @@ from datagen.build import Build
 from datagen.calibrate import Band, PolicyRunner
 from datagen.questions import TYPES
 from datagen.synth import SlotOutcome, resolve_structured
-from flows import progress
+from engine import progress
 from tasks.model import ModelConfig, api_key_from_env
 from tasks.spec import RunSpec
 from warehouse import DEFAULT_ROOT, Warehouse

@@ -1,121 +1,30 @@
-"""Two separate bounds on a run: live sandboxes and concurrent model calls.
+"""Prefect's global concurrency limits as the engine's global limit (engine/slots.py).
 
-Why two: a sandbox episode holds its container for its whole life but calls the
-model only part of the time, and an LLM-mode episode holds no container at all.
-One number cannot protect both the Docker engine (daemon saturation is the most
-common complaint at high concurrency) and a rate-limited endpoint.
-
-In one process (the thread task runner) the bounds are threading semaphores,
-shared by every episode task of that process. Across processes and flows
-(Dask workers, several runs on one host) Prefect global concurrency limits do the
-same when a Prefect server is configured: `prefect gcl create sandflow-sandboxes
---limit N`. Without a server, or without the limit, that part is a no-op
-(strict=False), and the in-process semaphore still holds.
+In one process the engine bounds live sandboxes and model calls with semaphores. Across
+processes and flows (Dask workers, several runs on one host) Prefect global concurrency
+limits do the same when a Prefect server is configured: `prefect gcl create
+sandflow-sandboxes --limit N` (and `sandflow-model-calls`). Without a server, or without
+the limit, this is a no-op (strict=False), and the in-process semaphore still holds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import threading
-import time
 from collections.abc import Iterator
-from typing import Any
 
-from tasks.model import ModelClient, ModelConfig, ModelError, ModelReply
+from engine.slots import MODEL_LIMIT, SANDBOX_LIMIT
 
-SANDBOX_GCL = "sandflow-sandboxes"
-MODEL_GCL = "sandflow-model-calls"
-
-_lock = threading.Lock()
-_semaphores: dict[tuple[str, int], threading.BoundedSemaphore] = {}
-
-
-def semaphore(name: str, limit: int) -> threading.BoundedSemaphore:
-    """The process-wide semaphore for (name, limit); created on first use."""
-    with _lock:
-        key = (name, limit)
-        if key not in _semaphores:
-            _semaphores[key] = threading.BoundedSemaphore(limit)
-        return _semaphores[key]
-
-
-def _server_configured() -> bool:
-    return bool(os.environ.get("PREFECT_API_URL"))
-
-
-class SlotTimeout(TimeoutError):
-    """No unit of a bounded resource came free within the time the caller had left."""
+__all__ = ["MODEL_LIMIT", "SANDBOX_LIMIT", "prefect_limit"]
 
 
 @contextlib.contextmanager
-def slot(
-    name: str, limit: int | None, gcl: str | None = None, timeout_s: float | None = None
-) -> Iterator[None]:
-    """Hold one unit of `name` (in-process) and, with a server, of the global limit `gcl`.
-
-    timeout_s: how long the caller may wait for both (None: as long as it takes); past it
-    SlotTimeout, and nothing is held.
-    """
-    deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
-    with contextlib.ExitStack() as stack:
-        if limit:
-            sem = semaphore(name, limit)
-            if not sem.acquire(timeout=None if timeout_s is None else max(0.0, timeout_s)):
-                raise SlotTimeout(f"no {name} slot of {limit} came free in {timeout_s:.1f}s")
-            stack.callback(sem.release)
-        if gcl and _server_configured():
-            from prefect.concurrency.sync import concurrency
-
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                stack.enter_context(
-                    concurrency(gcl, occupy=1, strict=False, timeout_seconds=left)
-                )
-            except TimeoutError:
-                raise SlotTimeout(
-                    f"the global limit {gcl!r} had no free slot within {timeout_s:.1f}s"
-                ) from None
+def prefect_limit(name: str, timeout_s: float | None) -> Iterator[None]:
+    """One unit of Prefect's global concurrency limit `name` (no server: nothing)."""
+    if not os.environ.get("PREFECT_API_URL"):
         yield
+        return
+    from prefect.concurrency.sync import concurrency
 
-
-class LimitedClient(ModelClient):
-    """A ModelClient whose calls take a model-call slot; shared by all episodes of a process."""
-
-    def __init__(self, cfg: ModelConfig, max_calls: int | None) -> None:
-        super().__init__(cfg)
-        self.max_calls = max_calls
-
-    def complete(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict] | None = None,
-        max_tokens: int | None = None,
-        timeout_s: float | None = None,
-    ) -> ModelReply:
-        """The call, once a model-call slot is free; the wait counts against `timeout_s`
-        (the episode's time left), so a run with few slots and many episodes cannot keep
-        an episode waiting past its wall clock."""
-        t0 = time.monotonic()
-        try:
-            with slot("model", self.max_calls, MODEL_GCL, timeout_s=timeout_s):
-                left = None if timeout_s is None else timeout_s - (time.monotonic() - t0)
-                return super().complete(messages, tools, max_tokens, left)
-        except SlotTimeout as exc:
-            raise ModelError(
-                f"waited {time.monotonic() - t0:.1f}s for a model-call slot "
-                f"(--max-model-calls {self.max_calls}), all held by other episodes: {exc}"
-            ) from None
-
-
-_clients: dict[tuple[str, int | None], LimitedClient] = {}
-
-
-def shared_client(cfg: ModelConfig, max_calls: int | None) -> LimitedClient:
-    """One pooled client per (config, limit) and process: connection reuse across episodes."""
-    key = (cfg.model_dump_json(), max_calls)
-    with _lock:
-        client = _clients.get(key)
-        if client is None:
-            client = _clients[key] = LimitedClient(cfg, max_calls)
-        return client
+    with concurrency(name, occupy=1, strict=False, timeout_seconds=timeout_s):
+        yield

@@ -24,6 +24,7 @@ from flows.run import make_task_runner, run_flow
 from flows.score import score_flow
 from flows.tokens import tokens_flow
 from flows.usage import usage_flow
+from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
 from tasks.spec import RunSpec
 from warehouse import DEFAULT_ROOT
 
@@ -122,10 +123,10 @@ def nightly_flow(
     concurrency: int = 4,
     max_sandboxes: int | None = None,
     max_model_calls: int | None = None,
-    max_steps: int = 30,
+    max_steps: int = DEFAULT_MAX_STEPS,
     temperature: float = 0.7,
     max_tokens: int = 2048,
-    wall_clock_s: float = 900.0,
+    wall_clock_s: float = DEFAULT_WALL_CLOCK_S,
     warehouse: str = DEFAULT_ROOT,
     run_id: str | None = None,
     task_runner: str = "thread",
@@ -185,7 +186,7 @@ def rl_data_flow(
     concurrency: int = 4,
     max_sandboxes: int | None = None,
     max_model_calls: int | None = None,
-    max_steps: int = 30,
+    max_steps: int = DEFAULT_MAX_STEPS,
     temperature: float = 1.0,
     max_tokens: int = 2048,
     warehouse: str = DEFAULT_ROOT,

@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
+from engine.plan import RunConfigError
 from flows.deathwatch import wrap
-from flows.run import RunConfigError
 
 STOP_TIMEOUT_S = 20.0
 

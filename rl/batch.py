@@ -5,14 +5,17 @@ warehouse like any run (one warehouse run per batch), each tagged with the train
 run, step and policy version. A finished episode becomes a `trajectory` event at once;
 when the last sample of a task is in, a `group` event carries its GRPO/RLOO advantages.
 
-Infrastructure failures (the sandbox or the endpoint broke) are retried with backoff
-(tenacity; each attempt re-records the same episode key, latest wins); after the last
-attempt the trajectory has status "failed" and no reward: never a zero reward.
+The batch runs through the engine (engine/): its plan (sample numbering), the one
+retry policy for infrastructure failures (the sandbox or the endpoint broke; each
+attempt re-records the same episode key, latest wins; after the last attempt the
+trajectory has status "failed" and no reward: never a zero reward), the in-process
+executor on the server's shared thread pool, and a cancel token.
 
-Cancelling (the trainer disconnected) stops everything of the batch at once: episodes
-not started never start; running ones stop at their next step; their sandboxes are
-removed now (an in-flight command is cut, not awaited) and their in-flight model calls
-are abandoned (the batch's HTTP client is closed); each is recorded as `interrupted`.
+Cancelling (the trainer disconnected) sets the batch's token: episodes not started
+never start; running ones stop at their next step (the agent loop checks the token);
+a callback on the token removes their sandboxes now (an in-flight command is cut, not
+awaited) and abandons their in-flight model calls (the batch's HTTP client is closed);
+each is recorded as `interrupted`.
 """
 
 from __future__ import annotations
@@ -20,30 +23,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import signal
 import threading
 import time
-from collections.abc import AsyncIterator
-from concurrent.futures import Executor
+from collections.abc import AsyncGenerator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
-from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_random_exponential
 
 from analysis.token_ids import assemble
 from datasets_prep.rows import RowError, task_from_row
 from datasets_prep.task import Task
+from engine.cancel import CancelToken
+from engine.executors import ThreadExecutor
+from engine.plan import EpisodeSpec, plan
+from engine.retry import EpisodeCancelled, InfraFailure, RetryPolicy, is_retryable
 from rl.groups import Group
 from rl.recording import RolloutRecorder, RolloutTags
 from rl.reward import RewardError, reward_of
 from rl.toolcalls import FORMATS, TextReply, parse_text_tool_calls
 from sandbox.base import SandboxConfig
 from tasks.loop import EpisodeResult, Limits, run_episode
-from tasks.model import ModelClient, ModelConfig, ModelReply
+from tasks.model import DEFAULT_RETRY_WINDOW_S, ModelClient, ModelConfig, ModelReply
 from tasks.records import EpisodeRecord, Recorder, episode_key
 from warehouse.schema import check_run_id
 
-RETRYABLE = frozenset({"model_error", "sandbox_error"})
 MAX_EPISODES_PER_BATCH = 100_000
 
 
@@ -54,7 +58,12 @@ class Endpoint(BaseModel):
     model: str = Field(..., min_length=1, max_length=500)
     api_key: SecretStr | None = Field(None, exclude=True, repr=False)
     request_timeout_s: float = Field(600.0, gt=0)
-    max_retries: int = Field(4, ge=0, le=20)
+    max_retries: int | None = Field(
+        None, ge=0, le=1000, description="None: retries bounded by retry_window_s only"
+    )
+    retry_window_s: float = Field(
+        DEFAULT_RETRY_WINDOW_S, ge=0, le=3600, description="how long one call's retries go on"
+    )
 
 
 class Sampling(BaseModel):
@@ -139,8 +148,7 @@ class Batch:
         request: RolloutRequest,
         *,
         recorder: Recorder,
-        executor: Executor,
-        slots: asyncio.Semaphore,
+        executor: ThreadPoolExecutor,
         sandbox: SandboxConfig | None,
         default_limits: Limits,
         warehouse: Any | None = None,
@@ -159,11 +167,19 @@ class Batch:
             )
         self.limits = request.limits or default_limits
         self.sandbox = sandbox or SandboxConfig()
-        self.executor, self.slots = executor, slots
-        self.own_slots = asyncio.Semaphore(request.max_concurrency or self.total)
+        # The server's pool is shared by every batch (its size is the server's bound);
+        # this batch's own bound is the request's max_concurrency.
+        self.executor = ThreadExecutor(
+            max_workers=1, pool=executor, max_in_flight=request.max_concurrency or self.total
+        )
+        self.policy = RetryPolicy(
+            retries=request.episode_attempts - 1, delay_s=0.5, max_delay_s=10.0
+        )
         self.warehouse, self.prompt_dir = warehouse, prompt_dir
-        self.cancel_event = threading.Event()
-        self.episode_ids: set[str] = set()
+        self.cancel_event = CancelToken()
+        self.cancel_event.on_cancel(self._stop_everything)
+        self.episodes: list[EpisodeSpec] = plan(self.tasks, self.run_id, "sandbox", request.n)
+        self.episode_ids: set[str] = {ep.key for ep in self.episodes}
         self.recorder = RolloutRecorder(recorder, request.tags(), self._cancelled)
         self.model_cfg = ModelConfig(
             model=request.endpoint.model,
@@ -176,99 +192,86 @@ class Batch:
             return_token_ids=request.sampling.return_token_ids,
             request_timeout_s=request.endpoint.request_timeout_s,
             max_retries=request.endpoint.max_retries,
+            retry_window_s=request.endpoint.retry_window_s,
             extra_body=request.sampling.extra,
         )
         self.client = TextToolClient(self.model_cfg, request.tool_call_format)
         self.active = 0  # episodes holding a sandbox or a model call right now
         self.peak_active = 0
+        self._active_lock = threading.Lock()
+        self._attempts: dict[str, int] = {}
+        self.done = False  # the stream sent `done`
+        self._finish_claimed = False
         self.counts = {"ok": 0, "failed": 0, "cancelled": 0}
         self.t0 = time.monotonic()
-        self._samples = self._plan()
 
-    # -- plan -------------------------------------------------------------------------
-    def _plan(self) -> list[tuple[Task, int]]:
-        """(task, sample_index) pairs; a task listed twice continues its numbering."""
-        seen: dict[str, int] = {}
-        out = []
-        for task in self.tasks:
-            start = seen.get(task.id, 0)
-            for k in range(self.request.n):
-                out.append((task, start + k))
-            seen[task.id] = start + self.request.n
-        for task, index in out:
-            self.episode_ids.add(episode_key(self.run_id, task.id, "sandbox", index))
-        return out
+    def claim_finish(self) -> bool:
+        """True once: the caller finishes the batch's run record."""
+        with self._active_lock:
+            claimed, self._finish_claimed = self._finish_claimed, True
+        return not claimed
 
     def _cancelled(self, episode_id: str) -> bool:
         return self.cancel_event.is_set()
 
     # -- cancel -----------------------------------------------------------------------
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "the trainer disconnected") -> None:
         """Stop the batch now; safe to call from any thread, more than once."""
-        if self.cancel_event.is_set():
-            return
-        self.cancel_event.set()
+        self.cancel_event.cancel(reason)
+
+    def _stop_everything(self, reason: str) -> None:
+        """The token's callback: remove the batch's live sandboxes (the loop, seeing the
+        token, records their episodes as interrupted) and abandon its model calls."""
         from sandbox import registry
 
         for box in registry.live():
             cfg = getattr(box, "config", None)
             if cfg is not None and cfg.run_id == self.run_id and cfg.episode_id in self.episode_ids:
-                # As a Ctrl+C does: the loop then records the episode as interrupted.
-                with contextlib.suppress(Exception):
-                    box.killed_by_signal = signal.SIGTERM
                 with contextlib.suppress(Exception):
                     box.kill()
         with contextlib.suppress(Exception):
             self.client.close()
 
-    def _pause(self, seconds: float) -> None:
-        """Backoff between attempts that a cancel cuts short."""
-        self.cancel_event.wait(seconds)
-
-    def _stop_if_cancelled(self, kind: str, payload: Any) -> None:
-        if kind != "end" and self.cancel_event.is_set():
-            raise KeyboardInterrupt  # run_episode records "interrupted" and closes the sandbox
-
-    # -- one episode (a worker thread) --------------------------------------------------
-    def _run(self, task: Task, index: int) -> EpisodeResult | None:
-        if self.cancel_event.is_set():
-            return None
-
-        def attempt() -> EpisodeResult:
-            return run_episode(
-                task,
+    # -- one attempt of one episode (a worker thread) ----------------------------------
+    def _attempt(self, ep: EpisodeSpec) -> tuple[EpisodeSpec, EpisodeResult]:
+        """The engine's job: one attempt; InfraFailure (carrying the result) when it is
+        worth another, EpisodeCancelled when the batch was cancelled."""
+        with self._active_lock:
+            self.active += 1
+            self.peak_active = max(self.peak_active, self.active)
+        try:
+            result = run_episode(
+                ep.task,
                 self.model_cfg,
                 self.sandbox,
                 self.recorder,
-                sample_index=index,
+                sample_index=ep.sample_index,
                 run_id=self.run_id,
                 limits=self.limits,
                 client=self.client,
                 prompt_dir=self.prompt_dir,
-                on_event=self._stop_if_cancelled,
+                cancel=self.cancel_event,
             )
+        finally:
+            with self._active_lock:
+                self.active -= 1
+        with self._active_lock:
+            self._attempts[ep.key] = attempts = self._attempts.get(ep.key, 0) + 1
+        result.record.config["attempts"] = attempts
+        if result.record.termination == "interrupted" and self.cancel_event.is_set():
+            raise EpisodeCancelled(f"episode {ep.key} stopped: {self.cancel_event.reason}")
+        if is_retryable(result.record.termination):
+            raise InfraFailure(f"{ep.label}: {result.record.termination}", (ep, result), self.run_id)
+        return ep, result
 
-        retrying = Retrying(
-            retry=retry_if_result(
-                lambda r: r.record.termination in RETRYABLE and not self.cancel_event.is_set()
-            ),
-            stop=stop_after_attempt(self.request.episode_attempts),
-            wait=wait_random_exponential(multiplier=0.5, max=10.0),
-            sleep=self._pause,
-            retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
-        )
-        try:
-            result: EpisodeResult | None = retrying(attempt)
-        except KeyboardInterrupt:
-            return None
-        if result is not None:
-            result.record.config["attempts"] = retrying.statistics.get("attempt_number", 1)
-        return result
-
-    def _run_event(self, task: Task, index: int) -> dict[str, Any]:
-        """A worker thread's job: the episode, then its event (the reward is computed here,
-        off the event loop: verifiers are CPU work)."""
-        return self.trajectory(task, index, self._run(task, index))
+    def _event_of(self, ep: EpisodeSpec, res: Any) -> dict[str, Any]:
+        """The trajectory event of what the executor handed back (the reward is computed
+        here, off the event loop: verifiers are CPU work)."""
+        if isinstance(res, InfraFailure) and isinstance(res.outcome, tuple):
+            res = res.outcome  # the last attempt: a failed trajectory with its record
+        if isinstance(res, tuple):
+            return self.trajectory(ep.task, ep.sample_index, res[1])
+        return self.trajectory(ep.task, ep.sample_index, None)  # cancelled, or a bug
 
     def trajectory(self, task: Task, index: int, result: EpisodeResult | None) -> dict[str, Any]:
         """The `trajectory` event of one finished (or cancelled) episode."""
@@ -327,31 +330,23 @@ class Batch:
         return out | {"reward": r.score, "reward_reason": r.reason, "verifier": r.verifier}
 
     # -- the stream ---------------------------------------------------------------------
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    def _fan_out(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
+        """The engine's fan-out (a thread of its own): every episode's event onto `queue`
+        as it ends, then None."""
+        try:
+            for ep, res in self.executor.map(self._attempt, self.episodes, (), self.policy, self.cancel_event):
+                event = self._event_of(ep, res)
+                loop.call_soon_threadsafe(queue.put_nowait, (ep.task, event))
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
         """`start`, then a `trajectory` per episode as it ends (with `group` events once a
         task's samples are all in), then `done`. Cancelled when the consumer goes away."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[Task, dict[str, Any]]] = asyncio.Queue()
-
-        async def one(task: Task, index: int) -> None:
-            event: dict[str, Any] | None = None
-            try:
-                async with self.slots, self.own_slots:
-                    if self.cancel_event.is_set():
-                        return
-                    self.active += 1
-                    self.peak_active = max(self.peak_active, self.active)
-                    try:
-                        event = await loop.run_in_executor(
-                            self.executor, self._run_event, task, index
-                        )
-                    finally:
-                        self.active -= 1
-            finally:
-                queue.put_nowait((task, event or self.trajectory(task, index, None)))
-
+        queue: asyncio.Queue[Any] = asyncio.Queue()
         groups = {
-            t.id: Group(t.id, sum(1 for s in self._samples if s[0].id == t.id)) for t in self.tasks
+            t.id: Group(t.id, sum(1 for ep in self.episodes if ep.task.id == t.id)) for t in self.tasks
         }
         yield {
             "type": "start",
@@ -360,23 +355,27 @@ class Batch:
             "tasks": len(groups),
             "n": self.request.n,
         }
-        workers = [asyncio.ensure_future(one(t, i)) for t, i in self._samples]
+        fan_out = threading.Thread(
+            target=self._fan_out, args=(loop, queue), name=f"rollout-{self.run_id}", daemon=True
+        )
+        fan_out.start()
         scores: list[dict[str, Any]] = []
+        complete = False
         try:
-            for _ in range(self.total):
-                task, event = await queue.get()
+            while (item := await queue.get()) is not None:
+                task, event = item
                 self.counts[event["status"]] += 1
                 if event["status"] == "ok" and event.get("reward") is not None:
                     scores.append(_score_row(event, task))
                 yield event
                 if groups[task.id].add(event["episode_id"], event.get("reward")):
                     yield {"type": "group", "run_id": self.run_id, **groups[task.id].advantages()}
+            complete = True
+            self.done = True
             yield self.summary()
         finally:
-            if any(not w.done() for w in workers):
+            if not complete:
                 self.cancel()
-                for w in workers:
-                    w.cancel()
             self.client.close()
             if scores and self.warehouse is not None:
                 with contextlib.suppress(Exception):  # the trajectories are already out

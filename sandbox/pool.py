@@ -204,7 +204,7 @@ class SandboxPool:
             )
         deadline = time.monotonic() + (timeout or self.settings.acquire_timeout_s)
         while True:
-            slot = self._take(deadline)
+            slot = self._take(deadline, config.run_id)
             try:
                 ping = time.monotonic() - slot.ready_at > PING_AFTER_S
                 slot.box.begin_episode(config, ping=ping)
@@ -242,7 +242,7 @@ class SandboxPool:
         _forget(self)
 
     # ------------------------------------------------------------------ internals
-    def _take(self, deadline: float) -> _Slot:
+    def _take(self, deadline: float, run_id: str | None = None) -> _Slot:
         fut: Future[_Slot] | None = None
         stale: list[_Slot] = []  # removed outside the lock (an engine call)
         try:
@@ -258,7 +258,7 @@ class SandboxPool:
                 fut = Future()
                 self._waiting.append(fut)
                 if self._creating + self._resetting < len(self._waiting):
-                    self._spawn()
+                    self._spawn(run_id)
         finally:
             for slot in stale:
                 self._retire_later(slot)
@@ -267,7 +267,7 @@ class SandboxPool:
         except TimeoutError:
             with self._lock:  # the resets it counted on are slow: a creation of its own
                 if fut in self._waiting and self._creating < len(self._waiting):
-                    self._spawn()
+                    self._spawn(run_id)
         try:
             return fut.result(timeout=max(0.0, deadline - time.monotonic()))
         except TimeoutError:
@@ -294,15 +294,18 @@ class SandboxPool:
         """tenacity's back-off sleep, cut short when the pool closes."""
         self._stop.wait(seconds)
 
-    def _spawn(self) -> None:
-        """Queue one paced creation (caller holds the lock)."""
+    def _spawn(self, run_id: str | None = None) -> None:
+        """Queue one paced creation (caller holds the lock), labelled with the run that
+        asked for it (`run_id`; the pool's first run's otherwise): a long-lived pool (the
+        rollout server's, across batches) must not label every sandbox with its first
+        batch's run id, or `sandflow sandbox gc --run-id` misses them."""
         self._creating += 1
         try:
-            self._creators.submit(self._create)
+            self._creators.submit(self._create, run_id)
         except RuntimeError:  # shut down
             self._creating -= 1
 
-    def _create(self) -> None:
+    def _create(self, run_id: str | None = None) -> None:
         from tenacity import (
             RetryError,
             Retrying,
@@ -326,7 +329,11 @@ class SandboxPool:
                     if not self.pacer.wait(self._stop):
                         return
                     try:
-                        box = self._open(self.template)
+                        box = self._open(
+                            self.template.model_copy(update={"run_id": run_id})
+                            if run_id and run_id != self.template.run_id
+                            else self.template
+                        )
                     except SandboxError as e:
                         self.pacer.failure()
                         with self._lock:

@@ -31,13 +31,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from datasets_prep.task import Task, check_runnable
 from sandbox.base import Sandbox, SandboxConfig, SandboxError, SandboxLimits
 from tasks.answers import extract_answer
+from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
 from tasks.model import ContextLengthError, ModelClient, ModelConfig, ModelError, ModelReply
 from tasks.prompts import PromptSet, load_prompts
 from tasks.records import (
@@ -61,19 +62,26 @@ log = logging.getLogger("sandflow.episode")
 # ("observation", Observation) after it, ("end", EpisodeRecord).
 EventHook = Callable[[str, Any], None]
 
+
+class CancelCheck(Protocol):
+    """What the loop needs of a cancel token (engine.cancel.CancelToken has it)."""
+
+    def is_set(self) -> bool: ...
+
+
 MAX_CONTEXT_SHRINKS = 4
 
 
 class Limits(BaseModel):
     """Bounds of one episode. The first one reached ends it with its own reason."""
 
-    max_steps: int = Field(100, ge=1, description="model calls (turns) per episode")
+    max_steps: int = Field(DEFAULT_MAX_STEPS, ge=1, description="model calls (turns) per episode")
     context_tokens: int | None = Field(
         None, ge=256, description="budget for one request's prompt + completion tokens"
     )
     max_tokens_per_call: int | None = Field(None, ge=1, description="overrides the model's max_tokens")
     wall_clock_s: float | None = Field(
-        1800.0, gt=0, description="the model's calls and commands (a hung endpoint: model_error)"
+        DEFAULT_WALL_CLOCK_S, gt=0, description="the model's calls and commands (a hung endpoint: model_error)"
     )
     exec_timeout_s: float | None = Field(None, gt=0, description="per command; default: the sandbox's")
     max_observation_chars: int = Field(16_000, ge=200, description="one tool result, clipped in the middle")
@@ -127,6 +135,7 @@ def run_episode(
     output_dir: Path | str | None = None,
     prompt_dir: str | None = None,
     on_event: EventHook | None = None,
+    cancel: CancelCheck | None = None,
 ) -> EpisodeResult:
     """Run one episode of `task` and record it; never raises for model or sandbox failures.
 
@@ -143,6 +152,11 @@ def run_episode(
         output_dir: if set, the sandbox's output directory is copied here at the end.
         prompt_dir: a folder of prompt YAML files overriding the packaged ones.
         on_event: live-view hook, see EventHook.
+        cancel: the run's cancel token (engine.cancel.CancelToken; anything with
+            `is_set()`), checked after every model reply and tool call: once set, the
+            episode ends as `interrupted` at that point (recorded, sandbox closed) and
+            returns. A sandbox or model failure while it is set (the canceller removed the
+            sandbox or closed the client under us) is `interrupted` too, not infrastructure.
 
     Raises:
         KeyboardInterrupt: after recording the episode as "interrupted".
@@ -155,6 +169,7 @@ def run_episode(
     episode = _Episode(
         task, model_cfg, prompts, limits, record, recorder, messages, on_event, client
     )
+    episode.cancel = cancel
     recorder.start_episode(record)
     owned: Sandbox | None = None
     try:
@@ -495,7 +510,8 @@ class _Episode:
         self.task, self.prompts, self.limits = task, prompts, limits
         self.model_cfg = model_cfg
         self.record, self.recorder, self.messages = record, recorder, messages
-        self.on_event = on_event or (lambda kind, payload: None)
+        self._on_event = on_event
+        self.cancel: CancelCheck | None = None
         self._client = client
         self._own_client = client is None
         self.turns: list[TurnRecord] = []
@@ -507,6 +523,13 @@ class _Episode:
         self.submit_args: dict[str, Any] = {}
         self._egress_box: Any = None  # a sandbox behind the egress proxy (network allowlist)
         self._egress_since = 0.0
+
+    def on_event(self, kind: str, payload: Any) -> None:
+        """Tell the live view; between steps, stop here when the run was cancelled."""
+        if kind != "end" and self.cancel is not None and self.cancel.is_set():
+            raise _End("interrupted", f"cancelled: {getattr(self.cancel, 'reason', None) or 'the run was stopped'}")
+        if self._on_event is not None:
+            self._on_event(kind, payload)
 
     def watch_egress(self, sandbox: Sandbox) -> None:
         """Record the sandbox's requests through the egress proxy with the turns from now on
@@ -807,6 +830,9 @@ class _Episode:
         r.error = " ".join(x for x in (end.error, r.error) if x) or None
         if end.reason == "sandbox_error" and getattr(sandbox, "killed_by_signal", None):
             # Ctrl+C / SIGTERM removed the sandbox under us: the user stopped the run.
+            r.termination = "interrupted"
+        if end.reason in ("sandbox_error", "model_error") and self.cancel is not None and self.cancel.is_set():
+            # The canceller removed the sandbox or closed the model client under us.
             r.termination = "interrupted"
 
     def finish(self, owned: Sandbox | None) -> None:

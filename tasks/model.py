@@ -9,8 +9,10 @@ CPU). The reply is read as plain JSON, defensively (a server's fields may be mis
 of the wrong type). What this module adds:
 
 - retries with exponential backoff and full jitter on 429 / 5xx / timeouts / dropped
-  connections, honouring the server's Retry-After (tenacity: one policy, and each retry
-  is logged without secrets);
+  connections, honouring the server's Retry-After, for as long as the retry window
+  (`retry_window_s`, default 150 s: an outage of a minute or two is ridden out) and the
+  episode's wall clock allow; a count bound only when `max_retries` is set (tenacity: one
+  policy, and each retry is logged without secrets);
 - a context-length error is not retried blindly: the caller learns the numbers the
   server gave (``ContextLengthError``) and can shrink max_tokens or stop the episode;
 - everything RL and accounting need is pulled out of the reply: usage (prompt /
@@ -38,7 +40,13 @@ from typing import Any
 
 import httpx
 from pydantic import BaseModel, Field, SecretStr
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+)
 from tenacity.stop import stop_base
 
 from tasks.records import ToolCall, Usage
@@ -47,6 +55,12 @@ log = logging.getLogger(__name__)
 
 # Used when the server needs some key but none was configured (local servers).
 PLACEHOLDER_KEY = "sandflow-no-key"
+
+# How long the retries of one model call go on (429 / 5xx / timeouts / dropped
+# connections) before the call is given up as model_error: an endpoint that restarts or is
+# overloaded for a minute or two is ridden out, not turned into failed episodes. Always
+# within the episode's wall clock (tasks.defaults: 900 s), which also bounds it.
+DEFAULT_RETRY_WINDOW_S = 150.0
 
 # Where an endpoint's API key comes from: the environment only, first name set wins.
 API_KEY_ENV = ("SANDFLOW_API_KEY", "OPENAI_API_KEY")
@@ -75,7 +89,18 @@ class ModelConfig(BaseModel):
         64, ge=1, description="a context-length error shrinks max_tokens down to this, then stops"
     )
     request_timeout_s: float = Field(120.0, gt=0)
-    max_retries: int = Field(4, ge=0, description="retries on 429/5xx/timeouts/dropped connections")
+    max_retries: int | None = Field(
+        None,
+        ge=0,
+        description="at most this many retries on 429/5xx/timeouts/dropped connections "
+        "(None: only retry_window_s bounds them)",
+    )
+    retry_window_s: float = Field(
+        DEFAULT_RETRY_WINDOW_S,
+        ge=0,
+        description="retries of one call go on for this long after its first attempt (an "
+        "outage of the endpoint is ridden out), never past the episode's wall clock",
+    )
     backoff_initial_s: float = Field(1.0, ge=0)
     backoff_max_s: float = Field(30.0, ge=0)
     max_retry_after_s: float = Field(120.0, ge=0, description="cap on a server's Retry-After")
@@ -348,11 +373,13 @@ class _past(stop_base):
 
     def __init__(self, deadline: float | None) -> None:
         self.deadline = deadline
+        self.fired = False
 
     def __call__(self, state: RetryCallState) -> bool:
         if self.deadline is None:
             return False
-        return time.monotonic() + (state.upcoming_sleep or 0.0) >= self.deadline
+        self.fired = time.monotonic() + (state.upcoming_sleep or 0.0) >= self.deadline
+        return self.fired
 
 
 @functools.cache
@@ -405,9 +432,10 @@ class ModelClient:
     def _log_retry(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         log.warning(
-            "model call failed (attempt %d/%d): %s; retrying in %.2fs",
+            "model call failed (attempt %d, %.1fs of a %gs retry window): %s; retrying in %.2fs",
             state.attempt_number,
-            self.cfg.max_retries + 1,
+            state.seconds_since_start,
+            self.cfg.retry_window_s,
             self.scrub(_describe(exc)),
             state.upcoming_sleep,
         )
@@ -509,10 +537,23 @@ class ModelClient:
                 raise _BadBody(f"the server's reply is not a chat completion: {str(resp)[:120]!r}")
             return _parse_reply(resp, time.perf_counter() - t0)
 
+        # Retries are bounded by time (the retry window, and the caller's deadline), and by
+        # a count only when one is configured: an outage of a minute or two is ridden out.
+        window_end = time.monotonic() + self.cfg.retry_window_s
+        past = _past(deadline)
+        stop = stop_after_delay(self.cfg.retry_window_s) | past
+        if self.cfg.max_retries is not None:
+            stop = stop | stop_after_attempt(self.cfg.max_retries + 1)
+
+        def wait(state: RetryCallState) -> float:
+            # The last retry happens at the window's end rather than never: a back-off
+            # drawn past it is cut to it.
+            return max(0.0, min(self._wait(state), window_end - time.monotonic()))
+
         retrying = Retrying(
             retry=retry_if_exception(_retryable),
-            stop=stop_after_attempt(self.cfg.max_retries + 1) | _past(deadline),
-            wait=self._wait,
+            stop=stop,
+            wait=wait,
             before_sleep=self._log_retry,
             reraise=True,
         )
@@ -538,18 +579,31 @@ class ModelClient:
                 ctx, prompt = _parse_context_numbers(message)
                 raise ContextLengthError(message, ctx, prompt) from None
             raise ModelError(
-                f"model call to {self.cfg.base_url} failed after {attempts} attempt(s): {_describe(exc)}"
+                f"model call to {self.cfg.base_url} failed after {attempts} attempt(s)"
+                f"{self._window_note(exc, past, window_end)}: {_describe(exc)}"
             ) from None
         except Exception as exc:  # retries exhausted or not retryable
             if isinstance(exc, HTTPStatusError) and _is_context_error(_message(exc)):
                 ctx, prompt = _parse_context_numbers(_message(exc))
                 raise ContextLengthError(_message(exc), ctx, prompt) from None
             raise ModelError(
-                f"model call to {self.cfg.base_url} failed after {attempts} attempt(s): {_describe(exc)}"
+                f"model call to {self.cfg.base_url} failed after {attempts} attempt(s)"
+                f"{self._window_note(exc, past, window_end)}: {_describe(exc)}"
             ) from None
         reply.attempts = attempts
         reply.max_tokens_used = max_tokens
         return reply
+
+    def _window_note(self, exc: BaseException, past: _past, window_end: float) -> str:
+        """What bounded the retries of a retryable failure, when it was time: the
+        episode's wall clock, or the retry window (a count bound says "after N attempts")."""
+        if not _retryable(exc):
+            return ""
+        if past.fired:
+            return " (retries stopped: the episode's wall clock ends before another one)"
+        if time.monotonic() >= window_end:
+            return f" in the retry window of {self.cfg.retry_window_s:g}s"
+        return ""
 
     def served_models(self, timeout_s: float = 10.0) -> list[str]:
         """Model names the server lists at /models (empty if it has no such route)."""

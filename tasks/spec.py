@@ -24,8 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sandbox import settings as host_settings
 from sandbox.base import SandboxConfig, SandboxLimits
 from sandbox.netpolicy import PolicyError, parse_network
+from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
 from tasks.loop import Limits
-from tasks.model import ModelConfig, api_key_from_env
+from tasks.model import DEFAULT_RETRY_WINDOW_S, ModelConfig, api_key_from_env
 
 # request_timeout_s when none is given. The embedded server stops a generation when its
 # client leaves and bounds each call's tokens (tasks/local_model_app.py): a timed-out call
@@ -49,12 +50,15 @@ class RunSpec(BaseModel):
     temperature: float = 0.7
     max_tokens: int = 2048
     request_timeout_s: float | None = Field(None, description="None: 120 s")
+    model_retry_window_s: float | None = Field(
+        None, ge=0, description="how long one model call's retries go on; None: 150 s"
+    )
     extra_body: dict[str, Any] = Field(default_factory=dict)
     logprobs: bool = False
     return_token_ids: bool = False
     # each episode's limits
-    max_steps: int = 30
-    wall_clock_s: float = 900.0
+    max_steps: int = DEFAULT_MAX_STEPS
+    wall_clock_s: float = DEFAULT_WALL_CLOCK_S
     exec_timeout_s: float | None = None
     context_tokens: int | None = None
     max_tool_calls_per_turn: int | None = Field(None, description="None: the loop's default (Limits)")
@@ -117,6 +121,9 @@ class RunSpec(BaseModel):
             temperature=self.temperature,
             max_tokens=self.max_tokens,
             request_timeout_s=self.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S,
+            retry_window_s=(
+                DEFAULT_RETRY_WINDOW_S if self.model_retry_window_s is None else self.model_retry_window_s
+            ),
             extra_body=dict(self.extra_body),
             logprobs=self.logprobs,
             return_token_ids=self.return_token_ids,

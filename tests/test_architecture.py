@@ -34,7 +34,7 @@ def test_datagen_and_rl_are_siblings_between_flows_and_analysis() -> None:
     imports the other, both sit above analysis/ and below flows/ (issue #24)."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
     layers = next(c["layers"] for c in config["contracts"] if c["type"] == "layers")
-    assert layers.index("rl | datagen | interop") == layers.index("flows") + 1 == layers.index("analysis") - 1
+    assert layers.index("rl | datagen | interop") == layers.index("flows") + 1 < layers.index("analysis")
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert "datagen*" in packages["include"]
 
@@ -44,6 +44,16 @@ def test_interop_sits_beside_rl_above_analysis() -> None:
     the application; rl/, datagen/ and interop/ are one layer, independent of each other."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
     layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
-    assert layers.index("rl | datagen | interop") == layers.index("flows") + 1 == layers.index("analysis") - 1
+    assert layers.index("rl | datagen | interop") == layers.index("flows") + 1 < layers.index("analysis")
     forbidden = next(c for c in config["contracts"] if c.get("forbidden_modules") == ["sandflow", "typer", "rich"])
     assert "interop" in forbidden["source_modules"]
+
+
+def test_the_engine_is_under_every_entry_point_and_above_the_episode() -> None:
+    """engine/ (issue #23): below flows/ and rl/ (which run episodes through it), above
+    analysis/ and everything an episode needs; Prefect is forbidden to it."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
+    assert layers.index("rl | datagen | interop") < layers.index("engine") < layers.index("analysis")
+    no_prefect = next(c for c in config["contracts"] if "prefect" in c.get("forbidden_modules", []))
+    assert "engine" in no_prefect["source_modules"]

@@ -263,7 +263,7 @@ def test_a_run_carries_the_sandbox_settings_to_the_processes_that_run_its_episod
 ) -> None:
     """A Dask worker never runs the CLI: the RunSpec (a Prefect parameter, JSON) carries the
     sandbox settings the application handed in, and each episode applies them."""
-    from flows.episode import use_host_settings
+    from engine.episode import use_host_settings
     from sandbox import settings
     from tasks.spec import RunSpec
 

@@ -1,6 +1,6 @@
-"""`sandflow run` (one task, live view) and `sandflow serve` (the embedded model): the
-commands of the tasks/ library. `run` builds the same RunSpec as `sandflow flows run` and
-checks the endpoint with the same preflight (tasks.model.preflight).
+"""`sandflow run` (one task, live view) and `sandflow serve` (the embedded model). `run`
+parses, builds the same RunSpec as `sandflow flows run`, calls the engine
+(engine.single.run_single: the one preflight, the records, trajectory.json) and prints.
 
 Heavy imports (openai, docker) happen inside the commands so `sandflow --help` stays fast.
 """
@@ -18,6 +18,7 @@ import typer
 
 from sandflow.commands.network_option import network_option
 from sandflow.errors import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_USAGE, fail
+from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
 
 
 class ModeChoice(StrEnum):
@@ -51,47 +52,6 @@ def _read_inputs(input_dir: Path | None) -> dict[str, str | bytes]:
     for name, why in folder.skipped:
         typer.secho(f"note: {input_dir}: skipped {name!r}: {why}", err=True, fg=typer.colors.YELLOW)
     return folder.files
-
-
-def _preflight(cfg: Any, model_given: bool) -> Any:
-    """Reachable endpoint, served model name: checked before any sandbox starts."""
-    from tasks.model import EndpointUnreachable, ModelError, preflight
-
-    try:
-        return preflight(cfg, model_given=model_given)
-    except EndpointUnreachable as exc:
-        raise _fail(
-            f"cannot reach the model server at {exc.base_url} (is it running? check --base-url)"
-        ) from None
-    except ModelError as exc:
-        raise _fail(str(exc)) from None
-
-
-def _with_warehouse(
-    journal: Any, root: Path | None, run_id: str, cfg: Any, task: Any
-) -> tuple[Any, Any]:
-    """The recorder for `sandflow run`: the journal, plus the warehouse when asked. The run
-    names the hash of the one task it ran, so `sandflow compare` never pairs it with a run
-    of other tasks (an ad-hoc query has no ground truth: there is no task file to keep)."""
-    if root is None:
-        return journal, lambda record: None
-    from datasets_prep.task import TaskSet
-    from tasks.journal import TeeRecorder
-    from warehouse import Warehouse
-
-    wh = Warehouse(root)
-    wh.write_run(
-        run_id, model=cfg.model, dataset="adhoc", dataset_hash=TaskSet.model_construct(tasks=[task]).content_hash,
-        config={"model": cfg.public_dict()},
-    )
-    writer = wh.writer()
-
-    def finish(record: Any) -> None:
-        writer.close()
-        status = "failed" if record.is_infra_failure else "finished"
-        wh.finish_run(run_id, status=status)
-
-    return TeeRecorder(journal, writer), finish
 
 
 class LiveView:
@@ -161,33 +121,6 @@ def _pretty_args(raw: str) -> str:
     return json.dumps(args, indent=2, ensure_ascii=False)
 
 
-def trajectory_dict(result: Any, query: str) -> dict[str, Any]:
-    """trajectory.json: the peer's shape (problem_statement, steps) plus full records."""
-    steps = []
-    for t in result.turns:
-        steps.append(
-            {
-                "thought": t.assistant_content or "",
-                "reasoning_content": t.reasoning_content or "",
-                "actions": [c.model_dump() for c in t.tool_calls],
-                "observations": [o.model_dump() for o in t.observations],
-                "metadata": {
-                    "step": t.turn_index + 1,
-                    "model_latency_s": t.model_latency_s,
-                    "tool_latency_s": t.tool_latency_s,
-                    "usage": t.usage.model_dump(),
-                    "finish_reason": t.finish_reason,
-                },
-            }
-        )
-    return {
-        "problem_statement": query,
-        "steps": steps,
-        "messages": result.messages,
-        "metadata": result.record.model_dump(mode="json"),
-    }
-
-
 def register(app: typer.Typer) -> None:
     """Add this room's commands to the main app."""
 
@@ -213,11 +146,11 @@ def register(app: typer.Typer) -> None:
         ),
         mode: ModeChoice = typer.Option(ModeChoice.sandbox, "--mode", help="sandbox: tools in a sandbox; llm: one plain call (the baseline)."),
         domain: str = typer.Option("general", "--domain", help="Prompt set: general, math, physics, chem, biomed, long_context, instruct_follow."),
-        max_steps: int = typer.Option(30, "--max-steps", min=1, help="Turns before the episode ends with max_steps."),
+        max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1, help="Turns before the episode ends with max_steps."),
         temperature: float | None = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (default 0.7)."),
         max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Completion tokens per call (default 2048)."),
         context_tokens: int | None = typer.Option(None, "--context-tokens", min=256, help="Token budget of one request (prompt + completion)."),
-        wall_clock: float = typer.Option(1800.0, "--wall-clock", min=1.0, help="Seconds for the whole episode."),
+        wall_clock: float = typer.Option(DEFAULT_WALL_CLOCK_S, "--wall-clock", min=1.0, help="Seconds for the whole episode."),
         exec_timeout: float | None = typer.Option(None, "--exec-timeout", min=1.0, help="Seconds per shell command (default: the sandbox's 120)."),
         request_timeout: float | None = typer.Option(None, "--request-timeout", min=1.0, help="Seconds per model request (default 120)."),
         backend: BackendChoice | None = typer.Option(None, "--backend", help="Sandbox backend (default docker)."),
@@ -259,17 +192,15 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from datasets_prep.task import TaskValidationError, make_task
+        from engine import RunConfigError
+        from engine.single import run_single
         from sandflow.config import load_settings
-        from tasks.journal import JournalRecorder
-        from tasks.local_model import LocalModelError, endpoint
-        from tasks.loop import run_episode
-        from tasks.prompts import load_prompts
+        from tasks.local_model import LocalModelError
+        from tasks.prompts import domains, load_prompts
         from tasks.spec import RunSpec
 
         if not query.strip():
             raise _fail("--query is empty: say what the model should do")
-        from tasks.prompts import domains
-
         if domain not in ["general", *domains()]:
             raise _fail(f"unknown --domain {domain!r}: use one of general, {', '.join(domains())}")
         extra: dict[str, Any] = {}
@@ -299,7 +230,7 @@ def register(app: typer.Typer) -> None:
                 sandbox_runtime=settings.sandbox_runtime,
                 warehouse=str(warehouse) if warehouse else None,
             )
-            model_cfg, limits, sandbox_cfg = spec.to_model_config(), spec.to_limits(), spec.to_sandbox_config()
+            spec.to_model_config(), spec.to_limits(), spec.to_sandbox_config()  # every value checked now
         except ValidationError as exc:
             err = exc.errors()[0]
             raise _fail(f"invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
@@ -308,7 +239,6 @@ def register(app: typer.Typer) -> None:
 
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")[:-3]
         run_dir = output_dir / stamp
-        files_dir = run_dir / "files"
         # An ad-hoc query has no ground truth: every other check of a task holds (names,
         # sizes, UTF-8, no secret of the environment in the query or the files).
         try:
@@ -320,33 +250,23 @@ def register(app: typer.Typer) -> None:
         except TaskValidationError as exc:
             raise _fail(str(exc)) from None
         view = LiveView(quiet)
+
+        def ready(cfg: Any) -> None:
+            if not quiet:
+                view.console.print(f"[bold]sandflow run[/] model [cyan]{cfg.model}[/] at {cfg.base_url}, mode {mode.value}, folder {run_dir}")
+
         try:
-            with endpoint(model_cfg) as cfg:
-                cfg = _preflight(cfg, model_given=bool(settings.model))
-                run_dir.mkdir(parents=True, exist_ok=True)
-                with JournalRecorder(run_dir / "records.jsonl") as journal:
-                    recorder, finish_wh = _with_warehouse(journal, warehouse, f"run-{stamp}", cfg, task)
-                    if not quiet:
-                        view.console.print(f"[bold]sandflow run[/] model [cyan]{cfg.model}[/] at {cfg.base_url}, mode {mode.value}, folder {run_dir}")
-                    result = run_episode(
-                        task, cfg, sandbox_cfg, recorder, mode=mode.value, run_id=f"run-{stamp}",
-                        limits=limits, output_dir=files_dir if mode == ModeChoice.sandbox else None,
-                        on_event=view, prompt_dir=spec.prompt_dir,
-                    )
-                    finish_wh(result.record)
+            done = run_single(task, spec, run_dir, run_id=f"run-{stamp}", model_given=bool(settings.model),
+                              on_event=view, on_ready=ready)  # fmt: skip
+        except RunConfigError as exc:
+            raise _fail(str(exc)) from None
         except LocalModelError as exc:
             raise _fail(f"{exc} (or pass --base-url to use a running server)") from None
         except KeyboardInterrupt:
             view._spin(None)
             raise _fail("interrupted; partial records are in " + str(run_dir), EXIT_INTERRUPTED) from None
 
-        (run_dir / "trajectory.json").write_text(
-            json.dumps(trajectory_dict(result, query), indent=2, ensure_ascii=False, default=str), encoding="utf-8"
-        )
-        rec = result.record
-        if mode == ModeChoice.llm and rec.answer is not None:
-            files_dir.mkdir(parents=True, exist_ok=True)
-            (files_dir / "answer.txt").write_text(rec.answer + "\n", encoding="utf-8")
+        rec = done.result.record
         answer = (rec.answer or "").replace("\n", " ")
         answer = answer if len(answer) <= 80 else answer[:77] + "..."
         summary = (

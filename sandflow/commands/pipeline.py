@@ -35,6 +35,7 @@ from sandflow.errors import (
     console,
     fail,
 )
+from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S, EMBEDDED_MODEL_MAX_STEPS
 
 flows_app = typer.Typer(
     help=(
@@ -199,7 +200,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from datasets_prep.suites import UnknownSuite
     from datasets_prep.task import TaskValidationError
     from datasets_prep.verifiers import VerifierError
-    from flows.run import RunConfigError
+    from engine.plan import RunConfigError
     from flows.score import ScoreError
     from warehouse import WarehouseError
 
@@ -301,7 +302,7 @@ _WAIT = typer.Option(
 
 def _check_run_free(warehouse: str, run_id: str | None, wait: bool) -> None:
     """Before Prefect starts: refuse at once (or say that we wait) when another process
-    holds this run id. The run flow takes the lock for real (flows.run.hold_run)."""
+    holds this run id. The engine takes the lock for real (engine.run.hold_run)."""
     if not run_id:
         return
     from warehouse.layout import Layout
@@ -358,13 +359,16 @@ def bench(
     max_sandboxes: int = typer.Option(None, "--max-sandboxes", min=1, help="Live sandboxes at once (default: --concurrency)."),
     max_model_calls: int = typer.Option(None, "--max-model-calls", min=1, help="Concurrent model calls (default: unbounded)."),
     max_steps: int = typer.Option(
-        None, "--max-steps", min=1, help="Turns per sandbox episode (default 30; 4 with the embedded model)."
+        None, "--max-steps", min=1,
+        help=f"Turns per sandbox episode (default {DEFAULT_MAX_STEPS}; {EMBEDDED_MODEL_MAX_STEPS} with the embedded model).",
     ),
     max_tokens: int = typer.Option(
         None, "--max-tokens", min=1,
         help="Completion tokens per call (default SANDFLOW_MAX_TOKENS or 2048; 256 with the embedded model).",
     ),
-    wall_clock_s: float = typer.Option(900.0, "--wall-clock", help="Seconds per episode, model and tools together."),
+    wall_clock_s: float = typer.Option(
+        DEFAULT_WALL_CLOCK_S, "--wall-clock", help="Seconds per episode, model and tools together."
+    ),
     network: str = network_option(),
     warehouse: str = _WAREHOUSE,
     durability: DurabilityChoice | None = durability_option(),
@@ -417,7 +421,7 @@ def bench(
     # time on the CPU: keep the demo to minutes unless told otherwise (2 cores: a sandbox
     # turn takes ~5-15 s, mostly prompt evaluation).
     if max_steps is None:
-        max_steps = 30 if s.base_url else 4
+        max_steps = DEFAULT_MAX_STEPS if s.base_url else EMBEDDED_MODEL_MAX_STEPS
     if concurrency is None:  # one CPU model server: interleaved episodes would thrash its prefix cache
         concurrency = 4 if s.base_url else 1
     if max_tokens is None:
@@ -483,6 +487,25 @@ def _print_changes(console: Any, report: dict[str, Any]) -> None:
     console.print(_table(sig, f"Significant changes since {prev} (points; Holm-adjusted)"))
 
 
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _exit_if_all_failed(run: dict[str, Any]) -> None:
+    """A run whose episodes all failed (after their retries) never ends with exit 0:
+    one sentence naming how many and the first failure, exit 1 (EXIT_FAILED)."""
+    if not run.get("ran") or run.get("succeeded") or not run.get("failed"):
+        return
+    first = (run.get("failures") or ["?"])[0]
+    raise fail(
+        f"run {run['run_id']}: all {run['failed']} episodes failed (first: {first}); nothing was "
+        f"recorded as a model result. Fix the cause, then resume with --run-id {run['run_id']}",
+        EXIT_FAILED,
+    )
+
+
 def _print_bench(result: dict[str, Any], warehouse: str) -> None:
     console = _console()
     run = result["run"]
@@ -495,7 +518,8 @@ def _print_bench(result: dict[str, Any], warehouse: str) -> None:
         f"{(run['episodes_per_s'] or 0):.2f} episodes/s"
     )
     for f in run.get("failures", [])[:5]:
-        console.print(f"  [red]failed[/] {f}")
+        console.print(f"  [red]failed[/] {escape(f)}", soft_wrap=True, highlight=False)
+    _exit_if_all_failed(run)
     # Accuracy is read back from the report's data so the terminal shows the same numbers.
     from analysis.report import ReportData
     from warehouse import Warehouse
@@ -555,8 +579,8 @@ def cmd_run(
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1),
     max_sandboxes: int = typer.Option(None, "--max-sandboxes", min=1),
     max_model_calls: int = typer.Option(None, "--max-model-calls", min=1),
-    max_steps: int = typer.Option(30, "--max-steps", min=1),
-    wall_clock_s: float = typer.Option(900.0, "--wall-clock"),
+    max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1),
+    wall_clock_s: float = typer.Option(DEFAULT_WALL_CLOCK_S, "--wall-clock"),
     network: str = network_option(),
     retries: int = typer.Option(2, "--retries", min=0, help="Retries of an episode after an infrastructure failure."),
     warehouse: str = _WAREHOUSE,
@@ -617,10 +641,11 @@ def cmd_run(
         f"{r['elapsed_s']:.1f}s, {(r['episodes_per_s'] or 0):.2f} episodes/s; terminations {r['terminations']}"
     )
     for f in r["failures"][:10]:
-        c.print(f"  [red]failed[/] {f}")
+        c.print(f"  [red]failed[/] {escape(f)}", soft_wrap=True, highlight=False)
     _print_compaction(c, r.get("compaction"))
     if task_runner == "dask":
         c.print(f"episodes ran in worker pids {r['worker_pids']}", highlight=False)
+    _exit_if_all_failed(r)
     c.print(f"next: sandflow flows score --run-id {r['run_id']}")
 
 

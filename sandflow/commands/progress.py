@@ -5,7 +5,7 @@ scheduled job, CI) it is one plain line every few seconds while something change
 and a heartbeat line when nothing does, so a log shows a run is alive and how far
 along it is (`SANDFLOW_PROGRESS_INTERVAL_S`, default 5 s).
 
-Fed by the run flow's in-process events (flows/progress.py); the flows never print.
+Fed by the run flow's in-process events (engine/progress.py); the flows never print.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from flows.progress import subscribe
+from engine.progress import subscribe
 
 
 class EpisodeTally:

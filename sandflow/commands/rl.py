@@ -15,6 +15,7 @@ from sandflow.commands.durability_option import (
     durability_option,
     durability_value,
 )
+from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
 
 rl_app = typer.Typer(
     name="rl",
@@ -55,13 +56,13 @@ def serve(
     durability: DurabilityChoice | None = durability_option(),
     backend: str | None = typer.Option(None, "--backend", help="Sandbox backend: docker or bwrap."),
     max_steps: int = typer.Option(
-        100,
+        DEFAULT_MAX_STEPS,
         "--max-steps",
         min=1,
         help="Default turns per episode (a request may set its own limits).",
     ),
     wall_clock: float = typer.Option(
-        1800.0, "--wall-clock", min=1.0, help="Default seconds per episode."
+        DEFAULT_WALL_CLOCK_S, "--wall-clock", min=1.0, help="Default seconds per episode."
     ),
     exec_timeout: float | None = typer.Option(
         None, "--exec-timeout", min=1.0, help="Seconds per shell command."

@@ -224,3 +224,19 @@ def test_run_episode_refuses_a_constructed_50_mb_statement_before_any_sandbox(
         assert model.requests == []
     assert containers_of(run_id) == [] and bwrap_sandboxes_of(run_id) == []
     assert not any(p.is_file() for p in (tmp_path / "wh").rglob("*"))  # no journal, no episode
+
+
+# ------------------------------------- issue #22 item 7: a file name that names no file
+@pytest.mark.parametrize("name", [".", "./", "a/./b.txt", "docs//b.txt", "./notes.txt", "..", "", "a\x00b"])
+def test_prepare_refuses_a_file_name_that_names_no_file(tmp_path: Path, name: str) -> None:
+    """'.' passed `tasks prepare`, then every episode failed placing it (Is a directory)
+    and `flows run` exited 0. Now the row is refused: exit 2, the row, id and name."""
+    good = {"id": "a", "domain": "math", "problem_statement": "1+1?", "ground_truth": "2"}
+    bad = {**good, "id": "b", "input_files": {name: "data"}}
+    src = tmp_path / "rows.jsonl"
+    src.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    out = tmp_path / "out.parquet"
+    res = sandflow("tasks", "prepare", str(src), "--out", str(out))
+    assert res.exit_code == 2, res.output
+    assert "row 1 (id 'b'): input_files: file name" in flat(res.output), res.output
+    assert "Traceback" not in res.output and not out.exists()

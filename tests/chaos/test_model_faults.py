@@ -185,7 +185,7 @@ def test_endpoint_disappears_mid_run_then_resume(tmp_path: Path) -> None:
 
         model.default = then_vanish
         summary = run_flow.with_options(task_runner=runner())(
-            **run_kwargs(ts, model, wh, run_id=rid, mode="sandbox", retries=0)
+            **run_kwargs(ts, model, wh, run_id=rid, mode="sandbox", retries=0, model_retry_window_s=1.0)
         )
     assert served.is_set()
     assert summary["planned"] == 4

@@ -81,7 +81,8 @@ def _servers_of(prefect_home: Path) -> list[int]:
 def test_second_process_on_a_run_id_is_refused_or_waits(
     tmp_path: Path, start_cli, prefect_harness: None
 ) -> None:
-    from flows.run import RunLockedError, run_flow
+    from engine import RunLockedError
+    from flows.run import run_flow
     from tests.flows.conftest import run_kwargs
 
     ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(N_TASKS))

@@ -69,3 +69,24 @@ def test_run_ends_by_compacting_its_files_unless_told_not_to(tmp_path: Path, mod
     assert res.exit_code == 0, res.output
     assert "compacted" not in res.output
     assert len(list((tmp_path / "wh" / "episodes" / f"run_id={rid}").glob("*.parquet"))) == 3
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_run_whose_episodes_all_fail_exits_1_naming_them(tmp_path: Path, model: Any) -> None:
+    """Issue #22 item 7: every episode failed after its retries (here the endpoint rejects
+    every request): `flows run` says so in one sentence and exits 1, never 0."""
+    from tests.scripted_model import Fault
+
+    model.default = Fault("status", 400, message="the request is malformed")  # never retried
+    ts = write_tasks(tmp_path / "t.parquet", tiny_tasks(2))
+    rid = new_run_id("allfail")
+    res = runner.invoke(app, ["flows", "run", str(ts), "--run-id", rid, "--mode", "llm", "--retries", "0",
+                              "--base-url", model.url, "--model", "scripted", "--warehouse", str(tmp_path / "wh")])
+    assert res.exit_code == 1, res.output
+    out = " ".join(res.output.split())
+    assert f"run {rid}: all 2 episodes failed (first: t" in out, out
+    assert "model_error" in out and "the request is malformed" in out
+    assert "Traceback" not in res.output
+    from warehouse import Warehouse
+
+    assert Warehouse(tmp_path / "wh").run_info(rid)["status"] == "failed"  # type: ignore[index]

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 
 from datasets_prep.task import Task
-from flows.limits import shared_client, slot
+from engine.slots import shared_client, slot
 from tasks.loop import Limits, run_episode
 from tests.scripted_model import ScriptedModel, text_reply
 from tests.tasks.conftest import fast_model

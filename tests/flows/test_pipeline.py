@@ -94,8 +94,9 @@ def test_bench_end_to_end(tmp_path: Path, model: ScriptedModel) -> None:
 
 def test_resume_after_interruption(tmp_path: Path, model: ScriptedModel) -> None:
     """Some episodes recorded, one killed mid-episode (journal left), then the same run id again."""
-    from flows.episode import run_one
-    from flows.run import plan, run_flow
+    from engine.episode import run_one
+    from engine.plan import plan
+    from flows.run import run_flow
     from tasks.records import EpisodeRecord, TurnRecord
     from tasks.spec import RunSpec
     from warehouse.writer import EpisodeWriter

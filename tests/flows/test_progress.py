@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from flows import progress
+from engine import progress
 from sandflow.commands.progress import LineEpisodeProgress, RichEpisodeProgress
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def test_without_a_tty_a_subprocess_prints_plain_lines_every_few_seconds_of_chan
     script = textwrap.dedent(
         """
         import time
-        from flows import progress
+        from engine import progress
         from sandflow.commands.progress import RichEpisodeProgress
         with RichEpisodeProgress("episodes"):
             progress.planned(total=6, skipped=0, run_id="r-3")

@@ -146,8 +146,8 @@ def test_run_end_compaction_with_a_reader_open(tmp_path: Path) -> None:
 
 
 def test_a_rerecorded_episode_loses_its_stale_score_until_scored_again(tmp_path: Path) -> None:
-    from flows.episode import run_one
-    from flows.run import plan
+    from engine.episode import run_one
+    from engine.plan import plan
     from flows.score import score_flow
     from tasks.spec import RunSpec
     from warehouse import Warehouse

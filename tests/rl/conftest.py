@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from datasets_prep.task import Task
@@ -51,3 +56,41 @@ def read_turns(root: Any, run_id: str) -> list[dict[str, Any]]:
 
     rows = Warehouse(root).turns(run_id).to_pylist()
     return sorted(rows, key=lambda r: (r["episode_id"], r["turn_index"]))
+
+
+@contextmanager
+def rollout_server(
+    wh: Path, reuse: str = "fresh", graceful_s: float | None = None
+) -> Iterator[tuple[str, Any]]:
+    """A real rollout server (uvicorn, a thread) on a free port: (its URL, the server).
+    graceful_s: streams still open that long after a stop are cut (`serve()` uses 10 s)."""
+    import uvicorn
+
+    from rl.server import ServerConfig, create_app
+    from tasks.loop import Limits
+
+    cfg = ServerConfig(
+        warehouse=wh,
+        max_concurrency=8,
+        sandbox=SandboxConfig(limits=SandboxLimits(network="none", memory_mb=512), reuse=reuse),
+        limits=Limits(max_steps=6, wall_clock_s=120),
+        durability="flush",
+    )
+    srv = uvicorn.Server(
+        uvicorn.Config(
+            create_app(cfg), host="127.0.0.1", port=0, log_level="warning",
+            timeout_graceful_shutdown=graceful_s,
+        )
+    )  # fmt: skip
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert srv.started, "the rollout server did not start"
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", srv
+    finally:
+        srv.should_exit = True
+        thread.join(60)

@@ -15,37 +15,14 @@ import httpx
 import pytest
 
 from rl.client import RolloutClient, RolloutServerError
-from rl.server import ServerConfig, create_app
-from sandbox.base import SandboxConfig, SandboxLimits
-from tasks.loop import Limits
-from tests.rl.conftest import containers_of, math_task, new_run_id, read_episodes
+from tests.rl.conftest import containers_of, math_task, new_run_id, read_episodes, rollout_server
 from tests.scripted_model import Fault, Reply, ScriptedModel, ToyTokenizer, tool_reply
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
-    import uvicorn
-
-    cfg = ServerConfig(
-        warehouse=tmp_path / "wh",
-        max_concurrency=8,
-        sandbox=SandboxConfig(limits=SandboxLimits(network="none", memory_mb=512)),
-        limits=Limits(max_steps=6, wall_clock_s=120),
-        durability="flush",
-    )
-    srv = uvicorn.Server(
-        uvicorn.Config(create_app(cfg), host="127.0.0.1", port=0, log_level="warning")
-    )
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert srv.started, "the rollout server did not start"
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(30)
+    with rollout_server(tmp_path / "wh") as (url, _):
+        yield url
 
 
 def answering(answers: Iterator[str], command: str = "") -> Any:

@@ -47,7 +47,7 @@ def test_unreachable_endpoint(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}/v1"
     res = invoke(["run", "-q", "x", "--base-url", url, "--mode", "llm", "-o", str(tmp_path)])
     assert res.exit_code == 2
-    assert res.output.strip() == f"Error: cannot reach the model server at {url} (is it running? check --base-url)"
+    assert res.output.strip() == f"Error: cannot reach the model server at {url}: it does not answer (is it running? check --base-url)"
 
 
 def test_model_not_served(scripted_model: ScriptedModel, tmp_path: Path) -> None:

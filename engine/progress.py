@@ -1,11 +1,12 @@
 """Episode progress events: planned, started, attempt failed, finished.
 
-The run flow reports completions as its futures resolve (works with any task
-runner, Dask included); episode tasks running in this process also report when
-they start, so "running" is exact with the thread runner and an estimate
-(submitted minus finished) with Dask. Listeners are in-process only: nothing here
-reaches Prefect's API or the warehouse. The terminal's progress bar is the
-application's (sandflow/commands/progress.py), subscribed here.
+The engine (engine/run.py) reports completions as its executor hands them back (any
+executor, Dask included); episode bodies running in this process also report when
+they start, so "running" is exact in-process and an estimate (submitted minus
+finished) with Dask. Listeners are in-process only: nothing here reaches Prefect's API
+or the warehouse. Each entry point renders them its own way: the terminal's progress
+bar (sandflow/commands/progress.py) subscribes here; the Prefect flow shows each
+episode as a task run; the rollout server streams its own NDJSON events.
 """
 
 from __future__ import annotations

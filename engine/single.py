@@ -1,0 +1,107 @@
+"""One interactive episode (`sandflow run`): a folder of files, a live view, a record.
+
+The same engine as a run, for one task: the endpoint (or the embedded model, started
+and stopped here) checked by the one preflight, the episode under the run's cancel
+token, its records in <folder>/records.jsonl (and in a warehouse when asked, as a run of
+its own whose status never stays `running`), the sandbox's output folder copied to
+<folder>/files/, and trajectory.json (tasks.trajectory) at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from datasets_prep.task import Task
+from engine.cancel import CancelToken
+from engine.run import preflight_model
+from tasks.loop import EpisodeResult, EventHook, run_episode
+from tasks.model import ModelConfig
+from tasks.spec import RunSpec
+from tasks.trajectory import write_trajectory
+
+
+@dataclass
+class SingleResult:
+    result: EpisodeResult
+    folder: Path
+    model: ModelConfig  # what served it (the embedded model's address and name included)
+
+
+def run_single(
+    task: Task,
+    spec: RunSpec,
+    folder: Path,
+    *,
+    run_id: str,
+    model_given: bool,
+    on_event: EventHook | None = None,
+    on_ready: Callable[[ModelConfig], object] | None = None,
+    cancel: CancelToken | None = None,
+) -> SingleResult:
+    """Run `task` once as `spec` says (mode, model, limits, sandbox), recorded in `folder`.
+
+    Raises engine.RunConfigError (unreachable endpoint, unserved model name) before any
+    sandbox starts or any file is written; tasks.local_model.LocalModelError when the
+    embedded model cannot start; KeyboardInterrupt after recording the episode as
+    interrupted (partial records stay in the folder).
+    """
+    from tasks.journal import JournalRecorder
+    from tasks.local_model import endpoint
+
+    files = folder / "files"
+    with endpoint(spec.to_model_config()) as cfg:
+        cfg = preflight_model(cfg, model_given=model_given)
+        folder.mkdir(parents=True, exist_ok=True)
+        if on_ready is not None:
+            on_ready(cfg)
+        with JournalRecorder(folder / "records.jsonl") as journal:
+            recorder, finish = _with_warehouse(journal, spec.warehouse, run_id, cfg, task)
+            status = "interrupted"
+            try:
+                result = run_episode(
+                    task, cfg, spec.to_sandbox_config(run_id), recorder, mode=spec.mode,  # type: ignore[arg-type]
+                    run_id=run_id, limits=spec.to_limits(),
+                    output_dir=files if spec.mode == "sandbox" else None,
+                    on_event=on_event, prompt_dir=spec.prompt_dir, cancel=cancel,
+                )  # fmt: skip
+                status = "failed" if result.record.is_infra_failure else "finished"
+                if result.record.termination == "interrupted":
+                    status = "interrupted"
+            finally:
+                finish(status)
+    write_trajectory(folder / "trajectory.json", result, task.problem_statement)
+    rec = result.record
+    if spec.mode == "llm" and rec.answer is not None:
+        files.mkdir(parents=True, exist_ok=True)
+        (files / "answer.txt").write_text(rec.answer + "\n", encoding="utf-8")
+    return SingleResult(result, folder, cfg)
+
+
+def _with_warehouse(
+    journal: Any, root: str | None, run_id: str, cfg: ModelConfig, task: Task
+) -> tuple[Any, Callable[[str], None]]:
+    """The recorder: the journal, plus the warehouse (a run of its own) when asked. The run
+    names the hash of the one task it ran, so `sandflow compare` never pairs it with a run
+    of other tasks (an ad-hoc query has no ground truth: there is no task file to keep)."""
+    if root is None:
+        return journal, lambda status: None
+    from datasets_prep.task import TaskSet
+    from tasks.journal import TeeRecorder
+    from warehouse import Warehouse
+
+    wh = Warehouse(root)
+    wh.write_run(run_id, model=cfg.model, dataset="adhoc", status="running",
+                 dataset_hash=TaskSet.model_construct(tasks=[task]).content_hash,
+                 config={"form": "single", "model": cfg.public_dict()})  # fmt: skip
+    writer = wh.writer()
+
+    def finish(status: str) -> None:
+        try:
+            writer.close()
+        finally:
+            wh.finish_run(run_id, status=status)
+
+    return TeeRecorder(journal, writer), finish

@@ -1,0 +1,126 @@
+"""Two separate bounds on a run: live sandboxes and concurrent model calls.
+
+Why two: a sandbox episode holds its container for its whole life but calls the
+model only part of the time, and an LLM-mode episode holds no container at all.
+One number cannot protect both the Docker engine (daemon saturation is the most
+common complaint at high concurrency) and a rate-limited endpoint.
+
+In one process the bounds are threading semaphores, shared by every episode of that
+process. Across processes (Dask workers, several runs on one host) a *global limit*
+can be added: a function `(name, timeout_s) -> context manager` handed in by the
+caller (flows/ hands Prefect's global concurrency limits, flows/limits.py); the
+engine itself knows no orchestrator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+from tasks.model import ModelClient, ModelConfig, ModelError, ModelReply
+
+SANDBOX_LIMIT = "sandflow-sandboxes"
+MODEL_LIMIT = "sandflow-model-calls"
+
+# (name of the limit, seconds the caller may wait or None) -> a context manager holding
+# one unit; raises SlotTimeout (or TimeoutError) when none came free in time.
+GlobalLimit = Callable[[str, float | None], AbstractContextManager[Any]]
+
+_lock = threading.Lock()
+_semaphores: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+
+
+def semaphore(name: str, limit: int) -> threading.BoundedSemaphore:
+    """The process-wide semaphore for (name, limit); created on first use."""
+    with _lock:
+        key = (name, limit)
+        if key not in _semaphores:
+            _semaphores[key] = threading.BoundedSemaphore(limit)
+        return _semaphores[key]
+
+
+class SlotTimeout(TimeoutError):
+    """No unit of a bounded resource came free within the time the caller had left."""
+
+
+@contextlib.contextmanager
+def slot(
+    name: str,
+    limit: int | None,
+    global_name: str | None = None,
+    timeout_s: float | None = None,
+    global_limit: GlobalLimit | None = None,
+) -> Iterator[None]:
+    """Hold one unit of `name` (in-process) and, when given, of the global limit
+    `global_name` (through `global_limit`).
+
+    timeout_s: how long the caller may wait for both (None: as long as it takes); past it
+    SlotTimeout, and nothing is held.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
+    with contextlib.ExitStack() as stack:
+        if limit:
+            sem = semaphore(name, limit)
+            if not sem.acquire(timeout=None if timeout_s is None else max(0.0, timeout_s)):
+                raise SlotTimeout(f"no {name} slot of {limit} came free in {timeout_s:.1f}s")
+            stack.callback(sem.release)
+        if global_name and global_limit is not None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                stack.enter_context(global_limit(global_name, left))
+            except TimeoutError:
+                raise SlotTimeout(
+                    f"the global limit {global_name!r} had no free slot within {timeout_s:.1f}s"
+                ) from None
+        yield
+
+
+class LimitedClient(ModelClient):
+    """A ModelClient whose calls take a model-call slot; shared by all episodes of a process."""
+
+    def __init__(
+        self, cfg: ModelConfig, max_calls: int | None, global_limit: GlobalLimit | None = None
+    ) -> None:
+        super().__init__(cfg)
+        self.max_calls = max_calls
+        self.global_limit = global_limit
+
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict] | None = None,
+        max_tokens: int | None = None,
+        timeout_s: float | None = None,
+    ) -> ModelReply:
+        """The call, once a model-call slot is free; the wait counts against `timeout_s`
+        (the episode's time left), so a run with few slots and many episodes cannot keep
+        an episode waiting past its wall clock."""
+        t0 = time.monotonic()
+        try:
+            with slot("model", self.max_calls, MODEL_LIMIT, timeout_s, self.global_limit):
+                left = None if timeout_s is None else timeout_s - (time.monotonic() - t0)
+                return super().complete(messages, tools, max_tokens, left)
+        except SlotTimeout as exc:
+            raise ModelError(
+                f"waited {time.monotonic() - t0:.1f}s for a model-call slot "
+                f"(--max-model-calls {self.max_calls}), all held by other episodes: {exc}"
+            ) from None
+
+
+_clients: dict[tuple[str, int | None, Any], LimitedClient] = {}
+
+
+def shared_client(
+    cfg: ModelConfig, max_calls: int | None, global_limit: GlobalLimit | None = None
+) -> LimitedClient:
+    """One pooled client per (config, limit) and process: connection reuse across episodes."""
+    key = (cfg.model_dump_json(), max_calls, global_limit)
+    with _lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = LimitedClient(cfg, max_calls, global_limit)
+        return client

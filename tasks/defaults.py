@@ -1,0 +1,18 @@
+"""The defaults of an episode's limits: ONE home, read by every entry point.
+
+A module of constants only, so the CLI can show them in its help without importing the
+agent loop.
+"""
+
+# THE defaults of an episode's limits, for every entry point (`sandflow run`, `flows run`,
+# `bench`, RunSpec, the rollout server, SandboxEnv): 30 turns, 15 minutes of the model's
+# calls and commands. Why these: they were already the defaults of `flows run`, `bench`
+# and RunSpec (where recorded runs come from; `sandflow run` had 30 / 1800 s, the loop's
+# own Limits 100 / 1800 s), and 15 minutes holds a model-endpoint outage of a few minutes
+# (tasks.model rides out DEFAULT_RETRY_WINDOW_S of failing calls) without letting a stuck
+# episode hold a sandbox for long. docs/episodes.md, "Limits".
+DEFAULT_MAX_STEPS = 30
+DEFAULT_WALL_CLOCK_S = 900.0
+# With the embedded 135M model (no endpoint given) `bench` keeps its demo short: it rarely
+# submits and each sandbox turn takes 5-15 s of CPU on a 2-core machine.
+EMBEDDED_MODEL_MAX_STEPS = 4

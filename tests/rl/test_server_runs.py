@@ -1,0 +1,107 @@
+"""Issue #22 item 5: the rollout server's runs end, and its sandboxes carry their run.
+
+- A trainer that disconnects: its batch's warehouse run leaves `running` (interrupted),
+  every time, and so does a batch still streaming when the server stops.
+- A warm pool lives across batches: the sandboxes it creates for a later batch are
+  labelled with that batch's run id, so `sandflow sandbox gc --run-id` finds them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rl.client import RolloutClient
+from tests.rl.conftest import containers_of, new_run_id, rollout_server
+from tests.rl.test_server import answering, request
+from tests.scripted_model import ScriptedModel
+
+
+def status_of(wh: Path, run_id: str, within_s: float = 30.0) -> str | None:
+    """The run's status once it is no longer `running` (or `running` after `within_s`)."""
+    from warehouse import Warehouse
+
+    deadline = time.monotonic() + within_s
+    status = None
+    while time.monotonic() < deadline:
+        info = Warehouse(wh).run_info(run_id)
+        status = info and info.get("status")
+        if status not in (None, "running"):
+            return status
+        time.sleep(0.2)
+    return status
+
+
+def stream_until_sleeping(server: str, model: ScriptedModel, run_id: str, n: int) -> None:
+    """POST a batch, wait until its n episodes sit in their command, then hang up."""
+    before = len(model.requests)
+    with httpx.Client(timeout=240) as http, http.stream("POST", f"{server}/v1/rollouts", json=request(model, run_id, n=n)) as resp:
+        lines = resp.iter_lines()  # kept: a dropped iterator closes the connection
+        assert '"type":"start"' in next(lines)
+        assert model.wait_for_requests(before + n, timeout=240)
+
+
+def test_every_disconnect_leaves_the_batch_run_interrupted(tmp_path: Path) -> None:
+    wh = tmp_path / "wh"
+    with ScriptedModel(default=answering(itertools.repeat("42"), command="sleep 60; ")) as model, rollout_server(wh) as (url, _):
+        runs = [new_run_id(f"srv-gone{i}") for i in range(3)]
+        for rid in runs:
+            stream_until_sleeping(url, model, rid, n=2)
+            assert status_of(wh, rid) == "interrupted", rid
+            deadline = time.monotonic() + 30
+            while containers_of(rid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert containers_of(rid) == []
+        with RolloutClient(url) as client:
+            assert client.health()["active_batches"] == 0
+
+
+def test_a_batch_streaming_when_the_server_stops_is_interrupted(tmp_path: Path) -> None:
+    wh, rid = tmp_path / "wh", new_run_id("srv-stop")
+    with ScriptedModel(default=answering(itertools.repeat("42"), command="sleep 60; ")) as model:
+        with rollout_server(wh, graceful_s=1.0) as (url, srv):
+            got_start = threading.Event()
+
+            def trainer() -> None:
+                try:
+                    with httpx.Client(timeout=120) as http, http.stream("POST", f"{url}/v1/rollouts", json=request(model, rid, n=2)) as resp:
+                        for _line in resp.iter_lines():
+                            got_start.set()
+                except httpx.HTTPError:
+                    pass
+
+            t = threading.Thread(target=trainer, daemon=True)
+            t.start()
+            assert got_start.wait(240) and model.wait_for_requests(2, timeout=240)
+            srv.should_exit = True  # as Ctrl+C does; the open stream is cut after 1 s
+        t.join(60)
+        assert status_of(wh, rid, within_s=5) == "interrupted"
+    assert containers_of(rid) == []
+
+
+def test_pooled_sandboxes_created_for_a_later_batch_carry_its_run_id(tmp_path: Path) -> None:
+    """Batch A warms the server's pool with one sandbox; batch B needs three at once:
+    one is A's (reset, reused), the two created for B are labelled B."""
+    wh = tmp_path / "wh"
+    a, b = new_run_id("srv-pool-a"), new_run_id("srv-pool-b")
+    with ScriptedModel(default=answering(itertools.repeat("42"))) as model, rollout_server(wh, reuse="pool") as (url, _):
+        with RolloutClient(url) as client:
+            assert client.rollouts(request(model, a, n=1)).summary["ok"] == 1
+        model.default = answering(itertools.repeat("42"), command="sleep 60; ")
+        labelled_b: list[Any] = []
+        with httpx.Client(timeout=240) as http, http.stream("POST", f"{url}/v1/rollouts", json=request(model, b, n=3)) as resp:
+            lines = resp.iter_lines()
+            assert '"type":"start"' in next(lines)
+            assert model.wait_for_requests(2 + 3, timeout=240)  # A's two turns, then B's three first
+            labelled_b = containers_of(b)
+        assert len(labelled_b) >= 2, [c.labels.get("sandflow.run_id") for c in containers_of(a) + labelled_b]
+        from sandbox import gc as G
+        from sandbox.engine import docker_client
+
+        found = [i for i in G.docker_sandboxes(docker_client(), run_prefix=b) if i.run_id == b]
+        assert len(found) >= 2  # what `sandflow sandbox gc --run-id B` looks at
