@@ -32,13 +32,17 @@ class CancelToken:
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[str], object]] = []
         self.reason: str | None = None
+        # how an episode stopped by this token ends (tasks.records.Termination):
+        # "interrupted", or "budget_exhausted" when the run's budget was reached (engine.budget)
+        self.termination = "interrupted"
 
-    def cancel(self, reason: str = "cancelled") -> bool:
+    def cancel(self, reason: str = "cancelled", termination: str = "interrupted") -> bool:
         """Set the token (first reason wins) and run the callbacks; True the first time."""
         with self._lock:
             if self._event.is_set():
                 return False
             self.reason = reason
+            self.termination = termination
             self._event.set()
             callbacks, self._callbacks = list(self._callbacks), []
         for fn in callbacks:

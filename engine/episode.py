@@ -6,7 +6,8 @@ is recorded too, then raised as `InfraFailure` so the executor retries it under 
 run's RetryPolicy; each attempt re-records the same episode key, which the warehouse
 stores once (latest attempt wins). A cancelled run is never retried: an episode not
 started raises EpisodeCancelled, one in flight stops at its next step and is recorded
-as interrupted (resume re-runs it).
+as interrupted, or budget_exhausted when the run's budget stopped it (engine.budget;
+resume re-runs both).
 
 Every value here is plain (a RunSpec, an EpisodeSpec): the body can run in another
 process (a Dask worker). The API key is looked up in the process that runs the episode
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import progress
+from engine.budget import RunBudget, budget_for
 from engine.cancel import token_for
 from engine.plan import EpisodeSpec
 from engine.retry import EpisodeCancelled, InfraFailure, is_retryable
@@ -76,28 +78,19 @@ def run_one(
 ) -> EpisodeOutcome:
     """One attempt, recorded; never raises for the model's or the sandbox's failures
     (benchmarks use it as the floor under any executor)."""
-    from tasks.loop import run_episode
-
     t0 = time.perf_counter()
     model_cfg = run.to_model_config()
     client = shared_client(model_cfg, run.max_model_calls, global_limit)
     needs_sandbox = spec.mode == "sandbox"
     max_sandboxes = run.max_sandboxes or run.concurrency
     limit = max_sandboxes if needs_sandbox else None
+    budget = budget_for(run)
     with slot("sandbox", limit, SANDBOX_LIMIT if needs_sandbox else None, None, global_limit):
-        result = run_episode(
-            spec.task,
-            model_cfg,
-            run.to_sandbox_config(spec.run_id),
-            _writer(run.warehouse, run.durability),
-            mode=spec.mode,  # type: ignore[arg-type]
-            sample_index=spec.sample_index,
-            run_id=spec.run_id,
-            limits=run.to_limits(),
-            client=client,
-            prompt_dir=run.prompt_dir,
-            cancel=token_for(spec.run_id),
-        )
+        try:
+            result = _run_episode(spec, run, model_cfg, client, budget)
+        finally:
+            if budget is not None:
+                budget.episode_ended(spec.key)
     rec = result.record
     return EpisodeOutcome(
         episode_id=rec.episode_id,
@@ -116,6 +109,28 @@ def run_one(
     )
 
 
+def _run_episode(
+    spec: EpisodeSpec, run: RunSpec, model_cfg: Any, client: Any, budget: RunBudget | None
+) -> Any:
+    """tasks.loop.run_episode with the run's values; the budget counts its replies."""
+    from tasks.loop import run_episode
+
+    return run_episode(
+        spec.task,
+        model_cfg,
+        run.to_sandbox_config(spec.run_id),
+        _writer(run.warehouse, run.durability),
+        mode=spec.mode,  # type: ignore[arg-type]
+        sample_index=spec.sample_index,
+        run_id=spec.run_id,
+        limits=run.to_limits(),
+        client=client,
+        prompt_dir=run.prompt_dir,
+        cancel=token_for(spec.run_id),
+        on_event=budget.hook(spec.key) if budget is not None else None,
+    )
+
+
 def use_host_settings(run: RunSpec) -> None:
     """The sandbox settings the application handed the process that built the run, in the
     process that runs its episodes (a Dask worker has none of its own)."""
@@ -130,11 +145,14 @@ def attempt(spec: EpisodeSpec, run: RunSpec, global_limit: GlobalLimit | None = 
     EpisodeCancelled when the run was cancelled (before or during the episode)."""
     use_host_settings(run)
     token = token_for(spec.run_id)
+    budget = budget_for(run)
+    if budget is not None and not token.is_set():
+        budget.refresh()  # what every process (Dask workers) spent: the warehouse's count
     if token.is_set():
         raise EpisodeCancelled(f"episode {spec.key} not started: {token.reason or 'the run was cancelled'}")
     progress.started(spec.key)
     out = run_one(spec, run, global_limit)
-    if out.termination == "interrupted" and token.is_set():
+    if out.termination in ("interrupted", "budget_exhausted") and token.is_set():
         raise EpisodeCancelled(f"episode {spec.key} stopped: {token.reason or 'the run was cancelled'}")
     if is_retryable(out.termination):
         progress.attempt_failed(spec.key)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from datasets_prep.task import Task, TaskSet
+from engine import budget as budgets
 from engine import progress
 from engine.cancel import CancelToken, registered
 from engine.episode import EpisodeOutcome, attempt
@@ -294,6 +295,9 @@ def _run_config(spec: RunSpec, live_cfg: Any) -> dict[str, Any]:
         "durability": spec.durability,
         "task_set": spec.task_set,
         "retries": spec.retries,
+        # the run's budget (engine.budget); a resume may raise it
+        "max_cost_usd": spec.max_cost_usd,
+        "max_run_tokens": spec.max_run_tokens,
         # what the run's tokens cost (warehouse/cost.py); {}: unknown
         "prices": spec.prices,
     }
@@ -335,6 +339,8 @@ def _execute(
         # What every episode gets: the resolved spec (the embedded model's address, the model
         # name the server serves), without a key (each process looks its own up).
         spec = spec.model_copy(update={"base_url": live_cfg.base_url, "model": live_cfg.model})
+        if pending:  # --max-cost without a price: refused before anything is recorded
+            budgets.check_priced(spec)
         if wh is not None:
             wh.write_run(
                 rid,
@@ -349,8 +355,11 @@ def _execute(
                 image_id=(_image_id(spec.backend, image) if "sandbox" in MODES[spec.mode] else None)
                 or (previous or {}).get("image_id"),
             )
+        budget = None
         try:
             with registered(rid, token):
+                # reached already (a resume with the same budget): nothing starts
+                budget = budgets.start(spec, token)
                 args = (spec,) if global_limit is None else (spec, global_limit)
                 results = executor.map(job, pending, args, policy, token)
                 try:
@@ -376,11 +385,12 @@ def _execute(
                     close = getattr(results, "close", None)
                     if close is not None:
                         close()  # an executor stopped early waits for its episodes here
-            status = "interrupted" if token.is_set() else ("failed" if failed else "finished")
+            status = _status(token, failed)
         except BaseException:
             token.cancel("the run was interrupted")
             raise
         finally:
+            budgets.stop(rid, budget)
             if wh is not None:
                 _finish(wh, rid, status, failed, cancelled, token)
     compaction = (
@@ -403,6 +413,8 @@ def _execute(
         "failed": len(failed),
         "cancelled": cancelled,
         "cancel_reason": token.reason,
+        # {max_cost_usd, max_run_tokens, spent_tokens, spent_usd, exhausted}; None: no budget
+        "budget": budget.summary() if budget is not None else None,
         "failures": failures[:20],
         "terminations": dict(Counter(str(o.termination) for o in outcomes)),
         "elapsed_s": elapsed,
@@ -413,6 +425,14 @@ def _execute(
         "worker_pids": sorted({o.pid for o in outcomes}),
     }
     return RunResult(summary, outcomes, failed)
+
+
+def _status(token: CancelToken, failed: list[Any]) -> str:
+    """The run's status once its episodes are done: `budget_exhausted` when its budget
+    stopped it (resume with a higher one finishes it)."""
+    if token.is_set():
+        return "budget_exhausted" if token.termination == budgets.TERMINATION else "interrupted"
+    return "failed" if failed else "finished"
 
 
 def _failure_line(ep: EpisodeSpec, exc: BaseException) -> str:
@@ -433,7 +453,9 @@ def _finish(
     notes = []
     if failed:
         notes.append(f"{len(failed)} episodes failed")
-    if token.is_set():
+    if token.is_set() and status == "budget_exhausted":
+        notes.append(f"budget: {token.reason}" + (f" ({cancelled} episodes stopped or not run)" if cancelled else ""))
+    elif token.is_set():
         notes.append(f"cancelled: {token.reason}" + (f" ({cancelled} episodes not run)" if cancelled else ""))
     try:
         wh.finish_run(rid, status=status, notes="; ".join(notes) or None)

@@ -155,7 +155,8 @@ def run_episode(
         cancel: the run's cancel token (engine.cancel.CancelToken; anything with
             `is_set()`), checked after every model reply and tool call: once set, the
             episode ends as `interrupted` at that point (recorded, sandbox closed) and
-            returns. A sandbox or model failure while it is set (the canceller removed the
+            returns; as `budget_exhausted` when the token says so (`termination`: the
+            run's budget was reached, engine.budget). A sandbox or model failure while it is set (the canceller removed the
             sandbox or closed the client under us) is `interrupted` too, not infrastructure.
 
     Raises:
@@ -527,7 +528,11 @@ class _Episode:
     def on_event(self, kind: str, payload: Any) -> None:
         """Tell the live view; between steps, stop here when the run was cancelled."""
         if kind != "end" and self.cancel is not None and self.cancel.is_set():
-            raise _End("interrupted", f"cancelled: {getattr(self.cancel, 'reason', None) or 'the run was stopped'}")
+            reason = getattr(self.cancel, "reason", None) or "the run was stopped"
+            if getattr(self.cancel, "termination", None) != "budget_exhausted":
+                raise _End("interrupted", f"cancelled: {reason}")
+            if kind == "request":  # a spent budget stops at the turn boundary: the paid
+                raise _End("budget_exhausted", reason)  # reply's tools run and it is recorded
         if self._on_event is not None:
             self._on_event(kind, payload)
 

@@ -23,8 +23,11 @@ Termination = Literal[
     "model_error",  # the endpoint failed after retries: infrastructure, not the model's answer
     "sandbox_error",  # the sandbox/engine failed: infrastructure
     "interrupted",  # Ctrl+C / SIGTERM: the episode is partial and will be re-run on resume
+    "budget_exhausted",  # the run's --max-cost / --max-run-tokens was reached: partial, re-run on resume
 ]
-INFRA_TERMINATIONS: frozenset[str] = frozenset({"model_error", "sandbox_error", "interrupted"})
+INFRA_TERMINATIONS: frozenset[str] = frozenset(
+    {"model_error", "sandbox_error", "interrupted", "budget_exhausted"}
+)
 
 
 def episode_key(run_id: str, task_id: str, mode: str, sample_index: int) -> str:

@@ -98,6 +98,15 @@ class RunSpec(BaseModel):
         default_factory=dict,
         description="price table (tasks.pricing.PriceTable as JSON) the run records for its cost",
     )
+    max_cost_usd: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="the run's budget in USD, priced by `prices` (engine.budget): once the "
+        "warehouse's turns of the run plus the running ones cost this much, no episode starts "
+        "and running ones end `budget_exhausted`; None: no budget",
+    )
+    max_run_tokens: int | None = Field(
+        None, ge=1, description="the run's budget in tokens (prompt + completion, all its turns); None: none"
+    )
     series: str | None = Field(
         None, description="the series this run continues (its report compares with the previous run)"
     )

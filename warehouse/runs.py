@@ -20,7 +20,8 @@ from warehouse.convert import dumps, now_utc, rows_table, utc
 from warehouse.layout import Layout, write_parquet_atomic
 from warehouse.schema import check_run_id
 
-RUN_STATUSES = ("running", "finished", "failed", "interrupted")
+# budget_exhausted: the run's --max-cost / --max-run-tokens stopped it (engine.budget)
+RUN_STATUSES = ("running", "finished", "failed", "interrupted", "budget_exhausted")
 
 
 def _sandflow_version() -> str | None:

@@ -62,6 +62,51 @@ _PRICES = typer.Option(
     "none: cost unknown). docs/cost.md.",
 )
 
+_MAX_COST = typer.Option(
+    None,
+    "--max-cost",
+    min=0.0,
+    help="The run's budget in USD (needs a price for the model: --prices): once its recorded "
+    "and running turns cost this much, no episode starts and running ones stop at their next "
+    "turn as budget_exhausted (not graded; resume with a higher budget finishes the run).",
+)
+_MAX_RUN_TOKENS = typer.Option(
+    None,
+    "--max-run-tokens",
+    min=1,
+    help="The run's budget in tokens (prompt + completion over all its turns, resumes "
+    "included); reached: as --max-cost.",
+)
+
+
+def _budget_priced(spec: Any) -> Any:
+    """--max-cost needs a price for the model: exit 2, one sentence, before any work (a
+    model not named yet, the embedded one, is checked by the engine once it is known)."""
+    from engine.budget import check_priced
+    from engine.plan import RunConfigError
+
+    if spec.model:
+        try:
+            check_priced(spec)
+        except RunConfigError as exc:
+            raise fail(str(exc), EXIT_USAGE) from None
+    return spec
+
+
+def _exit_if_budget_spent(run: dict[str, Any]) -> None:
+    """A run its budget stopped never ends with exit 0: one sentence naming the budget
+    and what was spent, exit 1 (EXIT_FAILED)."""
+    if run.get("status") != "budget_exhausted":
+        return
+    b = run.get("budget") or {}
+    raise fail(
+        f"run {run['run_id']} stopped on its budget: {run.get('cancel_reason')}; "
+        f"{run.get('cancelled', 0)} episodes stopped or not run (spent {b.get('spent_tokens')} tokens"
+        + (f", {b['spent_usd']:.4f} USD" if b.get("spent_usd") is not None else "")
+        + f"). Resume with a higher budget: --run-id {run['run_id']}",
+        EXIT_FAILED,
+    )
+
 
 def _settings(**overrides: Any) -> Any:
     from pydantic import ValidationError
@@ -390,6 +435,8 @@ def bench(
     alpha: float = typer.Option(0.05, "--alpha", min=0.0001, max=0.5, help="Significance level of the nightly comparison."),
     wait: bool = _WAIT,
     prices: str = _PRICES,
+    max_cost: float = _MAX_COST,
+    max_run_tokens: int = _MAX_RUN_TOKENS,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs."),
 ) -> None:
     """The nightly benchmark, now: prepare -> run (both modes) -> score -> usage -> tokens
@@ -451,7 +498,10 @@ def bench(
         run_id=run_id,
         series=series,
         wait_for_lock=wait,
+        max_cost_usd=max_cost,
+        max_run_tokens=max_run_tokens,
     )
+    _budget_priced(spec)
     regression: RegressionFound | None = None
     with RichEpisodeProgress("episodes", console=console):
         try:
@@ -469,6 +519,7 @@ def bench(
         except RegressionFound as exc:  # the report is written; say so, then exit non-zero
             regression, result = exc, exc.summary
     _print_bench(result, str(s.warehouse))
+    _exit_if_budget_spent(result["run"])
     if regression is not None:
         console.print(f"[bold red]regression:[/] {regression}", highlight=False)
         raise typer.Exit(REGRESSION_EXIT)
@@ -595,6 +646,8 @@ def cmd_run(
     ),
     wait: bool = _WAIT,
     prices: str = _PRICES,
+    max_cost: float = _MAX_COST,
+    max_run_tokens: int = _MAX_RUN_TOKENS,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run episodes (resumable): a task set x a model x mode x samples.
@@ -628,7 +681,10 @@ def cmd_run(
         return_token_ids=token_ids,
         compact=compact,
         wait_for_lock=wait,
+        max_cost_usd=max_cost,
+        max_run_tokens=max_run_tokens,
     )
+    _budget_priced(spec)
     runner = _runner(task_runner, concurrency, dask_address)
     with RichEpisodeProgress("episodes", console=_console()):
         r = _guard(
@@ -646,6 +702,7 @@ def cmd_run(
     if task_runner == "dask":
         c.print(f"episodes ran in worker pids {r['worker_pids']}", highlight=False)
     _exit_if_all_failed(r)
+    _exit_if_budget_spent(r)
     c.print(f"next: sandflow flows score --run-id {r['run_id']}")
 
 

@@ -1,0 +1,214 @@
+"""A run's budget: `--max-cost USD` and `--max-run-tokens N` (issue #28).
+
+What is spent = what the warehouse holds for the run (the tokens of its recorded turns,
+priced with the run's price table through tasks.pricing, the cost module's one home)
++ the turns of the episodes running in this process, counted as their replies arrive.
+Because the recorded part is read from the warehouse, the budget holds across resumed
+runs and across Dask workers: each process re-reads it before an episode starts and
+after one ends (an episode's turns land in the warehouse when it ends, and then leave
+the running count: nothing is counted twice).
+
+When the budget is reached the run's cancel token is cancelled with termination
+`budget_exhausted`: no new episode starts (engine.episode.attempt), running ones stop
+at their next turn boundary (tasks.loop checks the token before every model call) and
+are recorded `budget_exhausted`, an infrastructure-like ending (tasks.records
+INFRA_TERMINATIONS): never graded, never retried, re-run on resume. A resume with a
+higher budget finishes the run.
+
+A turn whose server reported no usage counts 0 tokens and 0 dollars here (nothing to
+count); `run_cost` says such turns are unpriced.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from engine.cancel import CancelToken, token_for
+from engine.plan import RunConfigError
+from tasks.pricing import Price, load_prices
+from tasks.records import TurnRecord, Usage
+from tasks.spec import RunSpec
+
+TERMINATION = "budget_exhausted"
+
+
+@dataclass(frozen=True)
+class Spent:
+    """Tokens (prompt + completion) and USD (None: no price, only a token budget)."""
+
+    tokens: int
+    usd: float | None
+
+    def __add__(self, other: Spent) -> Spent:
+        usd = None if self.usd is None or other.usd is None else self.usd + other.usd
+        return Spent(self.tokens + other.tokens, usd)
+
+
+def price_for(run: RunSpec) -> Price | None:
+    """The run's model's price at its endpoint from the run's table (None: not named)."""
+    return load_prices(run.prices or None).lookup(run.model, run.base_url)
+
+
+def check_priced(run: RunSpec) -> None:
+    """A cost budget needs a price for the model: one sentence, before any work."""
+    if run.max_cost_usd is not None and price_for(run) is None:
+        raise RunConfigError(
+            f"--max-cost {run.max_cost_usd:g}: the price table has no price for model "
+            f"{run.model!r} (at {run.base_url}), so its cost cannot be counted; add it "
+            "with --prices (docs/cost.md)"
+        )
+
+
+def _usage_spent(price: Price | None, priced: bool, u: Usage) -> Spent:
+    tokens = (u.prompt_tokens or 0) + (u.completion_tokens or 0)
+    if not priced:
+        return Spent(tokens, None)
+    usd = (
+        price.cost(u.prompt_tokens or 0, u.completion_tokens or 0, u.cached_tokens, u.reasoning_tokens)
+        if price is not None
+        else None
+    )
+    return Spent(tokens, usd or 0.0)
+
+
+class RunBudget:
+    """One run's budget in one process; thread-safe (every episode thread reports here)."""
+
+    def __init__(self, run: RunSpec, token: CancelToken) -> None:
+        if not run.run_id:
+            raise ValueError("a budget needs the run's id")
+        self.run = run
+        self.run_id = run.run_id
+        self.max_cost_usd = run.max_cost_usd
+        self.max_tokens = run.max_run_tokens
+        self.price = price_for(run)
+        self.token = token
+        self._lock = threading.Lock()
+        self._recorded = Spent(0, 0.0)
+        self._running: dict[str, Spent] = {}
+
+    # -- what is spent --------------------------------------------------------------
+    def _zero(self) -> Spent:
+        return Spent(0, 0.0 if self.max_cost_usd is not None else None)
+
+    def recorded(self) -> Spent:
+        """The run's recorded turns in the warehouse (0 without a warehouse)."""
+        total = self._zero()
+        if not self.run.warehouse:
+            return total
+        from warehouse import Warehouse
+
+        turns = Warehouse(self.run.warehouse).turns(self.run_id)
+        cols = {n: turns.column(n).to_pylist() for n in Usage.model_fields}
+        for values in zip(*cols.values(), strict=True):
+            usage = Usage(**dict(zip(cols, values, strict=True)))
+            total = total + _usage_spent(self.price, self.max_cost_usd is not None, usage)
+        return total
+
+    def spent(self) -> Spent:
+        with self._lock:
+            total = self._recorded
+            for s in self._running.values():
+                total = total + s
+            return total
+
+    def refresh(self) -> Spent:
+        """Re-read the warehouse (other processes' and earlier runs' episodes), then check."""
+        recorded = self.recorded()
+        with self._lock:
+            self._recorded = recorded
+        return self.check()
+
+    # -- the episodes of this process -------------------------------------------------
+    def hook(self, episode_key: str) -> Any:
+        """The agent loop's event hook for one episode: counts each reply's usage."""
+
+        def on_event(kind: str, payload: Any) -> None:
+            if kind == "reply" and isinstance(payload, TurnRecord):
+                add = _usage_spent(self.price, self.max_cost_usd is not None, payload.usage)
+                with self._lock:
+                    self._running[episode_key] = self._running.get(episode_key, self._zero()) + add
+                self.check()
+
+        return on_event
+
+    def episode_ended(self, episode_key: str) -> None:
+        """Its turns are in the warehouse now (or lost with it): count them from there."""
+        with self._lock:
+            self._running.pop(episode_key, None)
+        self.refresh()
+
+    # -- the decision --------------------------------------------------------------
+    def exceeded(self, spent: Spent) -> str | None:
+        """One sentence naming the budget and what was spent, or None while within it."""
+        if self.max_tokens is not None and spent.tokens >= self.max_tokens:
+            return (
+                f"the run's token budget (--max-run-tokens {self.max_tokens}) is spent: "
+                f"{spent.tokens} tokens"
+            )
+        if self.max_cost_usd is not None and spent.usd is not None and spent.usd >= self.max_cost_usd:
+            return (
+                f"the run's cost budget (--max-cost {self.max_cost_usd:g} USD) is spent: "
+                f"{spent.usd:.4f} USD over {spent.tokens} tokens"
+            )
+        return None
+
+    def check(self) -> Spent:
+        spent = self.spent()
+        reason = self.exceeded(spent)
+        if reason is not None:
+            self.token.cancel(reason, termination=TERMINATION)
+        return spent
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-safe: the limits, what is spent, and whether the budget stopped the run."""
+        spent = self.spent()
+        return {
+            "max_cost_usd": self.max_cost_usd,
+            "max_run_tokens": self.max_tokens,
+            "spent_tokens": spent.tokens,
+            "spent_usd": spent.usd,
+            "exhausted": self.exceeded(spent) is not None,
+        }
+
+
+_lock = threading.Lock()
+_budgets: dict[str, RunBudget] = {}
+
+
+def has_budget(run: RunSpec) -> bool:
+    return run.max_cost_usd is not None or run.max_run_tokens is not None
+
+
+def budget_for(run: RunSpec) -> RunBudget | None:
+    """The run's budget in this process (None: the run has none). A process that runs
+    episodes of a run it did not start (a Dask worker) makes its own, reading the
+    warehouse for what the others spent."""
+    if not has_budget(run) or not run.run_id:
+        return None
+    with _lock:
+        b = _budgets.get(run.run_id)
+        if b is None or (b.max_cost_usd, b.max_tokens) != (run.max_cost_usd, run.max_run_tokens):
+            b = _budgets[run.run_id] = RunBudget(run, token_for(run.run_id))
+        return b
+
+
+def start(run: RunSpec, token: CancelToken) -> RunBudget | None:
+    """The engine's budget for a run it starts (replacing any left from an earlier run in
+    this process), checked against the warehouse before any episode starts."""
+    if not has_budget(run) or not run.run_id:
+        return None
+    b = RunBudget(run, token)
+    with _lock:
+        _budgets[run.run_id] = b
+    b.refresh()
+    return b
+
+
+def stop(run_id: str, budget: RunBudget | None) -> None:
+    """Forget the run's budget in this process (the run ended)."""
+    with _lock:
+        if budget is not None and _budgets.get(run_id) is budget:
+            del _budgets[run_id]
