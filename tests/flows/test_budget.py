@@ -140,3 +140,51 @@ def test_engine_refuses_max_cost_without_a_price(tmp_path: Path, priced_model: S
     with pytest.raises(RunConfigError, match="no price for model 'scripted'"):
         run(tiny_tasks(1), spec)
     assert not priced_model.requests
+
+
+def test_bench_stops_on_its_budget_grades_only_finished_episodes_and_exits_1(
+    tmp_path: Path, priced_model: ScriptedModel
+) -> None:
+    """`bench` (run + score + report) with --max-run-tokens: LLM mode, 1 turn = 102,000
+    tokens per episode, one at a time; 250,000 tokens: 3 episodes run (the third crosses
+    it), the fourth never starts. Not one budget ending is graded; the report is written."""
+    from sandflow.cli import app
+
+    wh = tmp_path / "wh"
+    ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(4))
+    rid = new_run_id("bench-budget")
+    args = ["bench", "--suite", str(ts), "--base-url", priced_model.url, "--model", "scripted",
+            "--mode", "llm", "--warehouse", str(wh), "--concurrency", "1", "--no-rollouts",
+            "--run-id", rid, "--max-run-tokens", "250000"]  # fmt: skip
+    res = CliRunner(env={"COLUMNS": "400"}).invoke(app, args)
+    assert res.exit_code == 1, res.output + repr(res.exception)
+    assert "stopped on its budget" in res.output and "--max-run-tokens 250000" in res.output
+    assert "306000 tokens" in res.output and "Report:" in res.output, res.output
+    assert len(priced_model.requests) == 3
+    # an LLM episode ends with its one reply: the budget stops only the episode not started
+    eps = _rows(wh, f"SELECT termination, count(*) FROM episodes WHERE run_id = '{rid}' GROUP BY ALL")
+    assert eps == [("submitted", 3)]
+    (acc,) = _rows(wh, f"SELECT episodes, scored FROM accuracy WHERE run_id = '{rid}' AND mode = 'llm'")
+    assert acc == (3, 3)
+    assert _status(wh, rid)[0] == "budget_exhausted"
+
+
+def test_a_worker_process_checks_the_warehouse_before_an_episode(tmp_path: Path, priced_model: ScriptedModel) -> None:
+    """A Dask worker runs `engine.episode.attempt` with plain values and no budget of its
+    own: it counts what the warehouse holds for the run, so a spent budget starts nothing."""
+    from engine import RunSpec, run
+    from engine.episode import attempt
+    from engine.plan import plan
+    from engine.retry import EpisodeCancelled
+
+    wh = tmp_path / "wh"
+    rid = new_run_id("worker")
+    spec = RunSpec(model="scripted", base_url=priced_model.url, mode="llm", warehouse=str(wh),
+                   run_id=rid, prices=PRICES, concurrency=1)  # fmt: skip
+    tasks = tiny_tasks(2)
+    assert run(tasks[:1], spec).summary["succeeded"] == 1
+    assert len(priced_model.requests) == 1
+    (second,) = [ep for ep in plan(tasks, rid, "llm", 1) if ep.task.id == tasks[1].id]
+    with pytest.raises(EpisodeCancelled, match=r"--max-cost 0.2 USD\) is spent: 0.2250 USD"):
+        attempt(second, spec.model_copy(update={"max_cost_usd": 0.2}))
+    assert len(priced_model.requests) == 1
