@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from engine.cancel import CancelToken, token_for
+from engine.cancel import CancelToken, renew_after_budget
 from engine.plan import RunConfigError
 from tasks.pricing import Price, load_prices
 from tasks.records import TurnRecord, Usage
@@ -191,7 +191,8 @@ def budget_for(run: RunSpec) -> RunBudget | None:
     with _lock:
         b = _budgets.get(run.run_id)
         if b is None or (b.max_cost_usd, b.max_tokens) != (run.max_cost_usd, run.max_run_tokens):
-            b = _budgets[run.run_id] = RunBudget(run, token_for(run.run_id))
+            # another budget than the one this process knew: a resume with a higher one
+            b = _budgets[run.run_id] = RunBudget(run, renew_after_budget(run.run_id, TERMINATION))
         return b
 
 

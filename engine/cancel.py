@@ -84,6 +84,17 @@ def token_for(run_id: str) -> CancelToken:
         return token
 
 
+def renew_after_budget(run_id: str, termination: str) -> CancelToken:
+    """The token of `run_id` in this process, replaced by a fresh one if a spent budget
+    set it (ending `termination`): a long-lived process (a Dask worker) that stopped a
+    run on its budget runs the run's resume with a higher budget."""
+    with _lock:
+        token = _tokens.get(run_id)
+        if token is None or (token.is_set() and token.termination == termination):
+            token = _tokens[run_id] = CancelToken()
+        return token
+
+
 @contextlib.contextmanager
 def registered(run_id: str, token: CancelToken) -> Iterator[CancelToken]:
     """`token` is the token of `run_id` in this process for the block."""

@@ -144,8 +144,8 @@ def attempt(spec: EpisodeSpec, run: RunSpec, global_limit: GlobalLimit | None = 
     """The executors' job: one attempt; InfraFailure when it is worth another,
     EpisodeCancelled when the run was cancelled (before or during the episode)."""
     use_host_settings(run)
+    budget = budget_for(run)  # first: a resume with a higher budget renews a spent token
     token = token_for(spec.run_id)
-    budget = budget_for(run)
     if budget is not None and not token.is_set():
         budget.refresh()  # what every process (Dask workers) spent: the warehouse's count
     if token.is_set():

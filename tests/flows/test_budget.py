@@ -188,3 +188,6 @@ def test_a_worker_process_checks_the_warehouse_before_an_episode(tmp_path: Path,
     with pytest.raises(EpisodeCancelled, match=r"--max-cost 0.2 USD\) is spent: 0.2250 USD"):
         attempt(second, spec.model_copy(update={"max_cost_usd": 0.2}))
     assert len(priced_model.requests) == 1
+    # the same worker process, the run resumed with a higher budget: the episode runs
+    out = attempt(second, spec.model_copy(update={"max_cost_usd": 1.0}))
+    assert out["termination"] == "submitted" and len(priced_model.requests) == 2
