@@ -1043,6 +1043,146 @@ def op_get(req):
     send({"id": req["id"], "ok": True, "summary": exporter.summary(t0)})
 
 
+# ----------------------------------------------------------------------------- fork
+
+
+def fork_processes(shell_pid):
+    """What a fork leaves behind: the command lines of every process but us and the shell."""
+    out = []
+    for pid in sorted(proc_table()):
+        if pid in (1, shell_pid):
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read(400).replace(b"\0", b" ").strip()
+        except OSError:
+            continue
+        out.append(f"{pid} {cmd.decode('utf-8', 'replace')}"[:200])
+    return out
+
+
+def op_fork_get(session, req):
+    """Stream one tar of every writable place (arc names: the place's path without its
+    leading '/'), bounded like `get`; the final header names the processes left behind."""
+    t0 = time.monotonic()
+    max_seconds = float(req.get("max_seconds") or 0)
+    deadline = t0 + max_seconds if max_seconds > 0 else float("inf")
+    out = FrameWriter(req["id"], CHUNK_MAX)
+    exporter = Exporter(
+        out, int(req.get("max_bytes") or 0), int(req.get("max_entries") or 0), deadline
+    )
+    roots = wipe_roots()
+    for root in roots:
+        if exporter.stopped:
+            break
+        exporter.run(root, root.lstrip("/"), os.lstat(root), True)
+    out.write(b"\0" * 1024)
+    out.flush()
+    procs = fork_processes(session.shell.pid)
+    send(
+        {
+            "id": req["id"],
+            "ok": True,
+            "roots": roots,
+            "summary": exporter.summary(t0),
+            "processes": procs[:20],
+            "process_count": len(procs),
+        }
+    )
+
+
+class ForkRefused(ValueError):
+    """A member of a fork archive this sandbox will not write."""
+
+
+def fork_target(name, roots):
+    """The absolute path of archive member `name`, and whether it is a place itself."""
+    name = name.rstrip("/")
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\0" in name or any(p in ("", ".", "..") for p in parts):
+        raise ForkRefused(f"refusing fork member {name[:200]!r}")
+    best = ""
+    for key in roots:
+        if (name == key or name.startswith(key + "/")) and len(key) > len(best):
+            best = key
+    if not best:
+        raise ForkRefused(f"fork member {name[:200]!r} is outside every writable place")
+    return "/" + name, name == best
+
+
+def op_fork_put(chan, req):
+    """Write a fork archive (from op_fork_get of the parent) into this sandbox's writable
+    places, as the sandbox user, never through a symlink: regular files, folders, symlinks
+    and hard links to files of the same archive; modes and mtimes kept, folders' modes set
+    last (a locked folder is filled first)."""
+    import tarfile
+
+    src = PayloadReader(chan, int(req.get("len") or 0))
+    roots = [r.lstrip("/") for r in wipe_roots()]
+    checked = {"/" + r for r in roots}
+    dirs = []
+    written = set()
+    files = 0
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(src, 1 << 16), mode="r|") as tar:
+            for m in tar:
+                path, is_root = fork_target(m.name, roots)
+                if is_root:
+                    if m.isdir():
+                        dirs.append((path, m.mode, m.mtime))
+                    continue
+                parent = os.path.dirname(path)
+                if parent not in checked:
+                    if os.path.realpath(parent) != parent or not os.path.isdir(parent):
+                        raise ForkRefused(f"fork member {m.name[:200]!r}: its folder is not one")
+                    checked.add(parent)
+                if m.isdir():
+                    try:
+                        os.mkdir(path, 0o700)
+                    except FileExistsError:
+                        if not stat.S_ISDIR(os.lstat(path).st_mode):
+                            raise ForkRefused(f"fork member {m.name[:200]!r} exists") from None
+                    dirs.append((path, m.mode, m.mtime))
+                    continue
+                if os.path.lexists(path):
+                    if stat.S_ISDIR(os.lstat(path).st_mode):
+                        raise ForkRefused(f"fork member {m.name[:200]!r} is a folder here")
+                    os.unlink(path)
+                if m.issym():
+                    os.symlink(m.linkname, path)
+                elif m.islnk():
+                    target = "/" + m.linkname
+                    if target not in written:
+                        raise ForkRefused(f"fork member {m.name[:200]!r}: a link to nothing")
+                    os.link(target, path, follow_symlinks=False)
+                elif m.isfile():
+                    data = tar.extractfile(m)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                    try:
+                        while data is not None and (chunk := data.read(1 << 20)):
+                            write_fd(fd, chunk)
+                        os.fchmod(fd, m.mode & 0o1777)
+                        os.utime(fd, (m.mtime, m.mtime))
+                    finally:
+                        os.close(fd)
+                    written.add(path)
+                    files += 1
+                # anything else (a forged device or fifo) is not written
+        for path, mode, mtime in sorted(dirs, key=lambda d: -len(d[0])):
+            with contextlib.suppress(OSError):  # a place the user does not own keeps its mode
+                os.chmod(path, mode & 0o1777, follow_symlinks=False)
+                os.utime(path, (mtime, mtime), follow_symlinks=False)
+    finally:
+        src.drain()
+    send({"id": req["id"], "ok": True, "files": files})
+
+
+def write_fd(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 # ----------------------------------------------------------------------------- reset
 
 
@@ -1428,6 +1568,10 @@ def main():
                 op_put(chan, req)
             elif op == "get":
                 op_get(req)
+            elif op == "fork_get":
+                op_fork_get(session, req)
+            elif op == "fork_put":
+                op_fork_put(chan, req)
             elif op == "reset":
                 session, failed = op_reset(session, chan, req)
                 send({"id": rid, "ok": not failed, "failed": failed[:20]})

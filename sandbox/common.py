@@ -17,7 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -42,6 +42,9 @@ from sandbox.protocol import (
     Transport,
     header_limit,
 )
+
+if TYPE_CHECKING:
+    from sandbox.fork import ForkInfo
 
 log = logging.getLogger("sandflow.sandbox")
 
@@ -440,6 +443,17 @@ class HelperSandbox(ABC):
         if ping or wall or armed:
             self._helper_call({"op": "lifetime", "s": wall + 5.0 if wall else 0})
         self._helper_lifetime = bool(wall)
+
+    # ------------------------------------------------------------------ fork (sandbox/fork.py)
+    fork_info: ForkInfo | None = None  # set on a sandbox made by fork(): whose, what was left
+
+    def fork(self, n: int = 1, *, children: list[HelperSandbox] | None = None) -> list[Any]:
+        """n new sandboxes whose writable places and shell state equal this one's now;
+        running processes are not carried (each child's `fork_info` names them). `children`:
+        fresh or reset sandboxes of the same config to fork into (no start cost)."""
+        from sandbox.fork import fork_sandbox
+
+        return fork_sandbox(self, n, children=children)
 
     # ------------------------------------------------------------------ lifecycle
     def kill(self) -> None:
