@@ -824,6 +824,16 @@ class FrameWriter:
             self._frame(len(self.buf))
 
 
+class LockedStat:
+    """A stat result whose permission bits are the ones a path had before a fork opened it."""
+
+    def __init__(self, st, mode):
+        self.st_mode = stat.S_IFMT(st.st_mode) | mode
+        self.st_uid, self.st_gid, self.st_mtime = st.st_uid, st.st_gid, st.st_mtime
+        self.st_size, self.st_nlink = st.st_size, st.st_nlink
+        self.st_dev, self.st_ino = st.st_dev, st.st_ino
+
+
 class Exporter:
     """A tar of one path, streamed, bounded in entries (of every kind), bytes and time.
 
@@ -851,6 +861,7 @@ class Exporter:
         self.stopped = None
         self.count_exact = True
         self.links = {}
+        self.modes = {}  # path -> the mode to send for it (op_fork_get, unlock_owned)
 
     def skip(self, reason, name, n=1):
         self.skipped[reason] = self.skipped.get(reason, 0) + n
@@ -877,6 +888,8 @@ class Exporter:
 
     def entry(self, full, arc, st):
         tarfile = self.tarfile
+        if full in self.modes:  # a fork opened it for the owner: send the mode it had
+            st = LockedStat(st, self.modes[full])
         mode = st.st_mode
         if stat.S_ISDIR(mode):
             self.header(arc, st, tarfile.DIRTYPE)
@@ -911,6 +924,8 @@ class Exporter:
             return
         try:
             st = os.fstat(fd)
+            if full in self.modes:
+                st = LockedStat(st, self.modes[full])
             if not stat.S_ISREG(st.st_mode):
                 self.skip("special", arc)
                 return
@@ -1061,6 +1076,38 @@ def fork_processes(shell_pid):
     return out
 
 
+def unlock_owned(roots, deadline):
+    """{path: mode} of the sandbox user's own folders it cannot list and files it cannot
+    read (chmod 000), opened for the owner for the time of a fork's export: the user could
+    do it itself, and a fork must carry them. Their modes are put back right after."""
+    locked = {}
+    stack = list(roots)
+    while stack and time.monotonic() < deadline:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            is_dir = stat.S_ISDIR(st.st_mode)
+            need = 0o700 if is_dir else 0o400
+            if st.st_uid == SANDBOX_UID and (is_dir or stat.S_ISREG(st.st_mode)):
+                if st.st_mode & need != need:
+                    try:
+                        os.chmod(e.path, stat.S_IMODE(st.st_mode) | need, follow_symlinks=False)
+                        locked[e.path] = stat.S_IMODE(st.st_mode)
+                    except OSError:
+                        pass
+            if is_dir:
+                stack.append(e.path)
+    return locked
+
+
 def op_fork_get(session, req):
     """Stream one tar of every writable place (arc names: the place's path without its
     leading '/'), bounded like `get`; the final header names the processes left behind."""
@@ -1072,10 +1119,17 @@ def op_fork_get(session, req):
         out, int(req.get("max_bytes") or 0), int(req.get("max_entries") or 0), deadline
     )
     roots = wipe_roots()
-    for root in roots:
-        if exporter.stopped:
-            break
-        exporter.run(root, root.lstrip("/"), os.lstat(root), True)
+    locked = unlock_owned(roots, deadline)
+    exporter.modes = locked
+    try:
+        for root in roots:
+            if exporter.stopped:
+                break
+            exporter.run(root, root.lstrip("/"), os.lstat(root), True)
+    finally:
+        for path in reversed(locked):  # files, then folders from the deepest
+            with contextlib.suppress(OSError):
+                os.chmod(path, locked[path], follow_symlinks=False)
     out.write(b"\0" * 1024)
     out.flush()
     procs = fork_processes(session.shell.pid)

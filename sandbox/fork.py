@@ -48,11 +48,13 @@ umask -p; echo '#@H'; ulimit -H -a; echo '#@S'; ulimit -S -a; echo '#@script'
 echo 'for __sf_v in $(compgen -e); do unset "$__sf_v" 2>/dev/null; done; unset __sf_v'
 for __sf_n in $(compgen -v); do case $__sf_n in
 BASH*|FUNCNAME|GROUPS|RANDOM|SRANDOM|SECONDS|LINENO|EPOCH*|PIPESTATUS|HISTCMD|PPID|UID|EUID|\
-SHELLOPTS|DIRSTACK|COMP_*|_|__sf_*|OPTIND|OPTERR|HOSTNAME|HOSTTYPE|MACHTYPE|OSTYPE) ;;
+SHELLOPTS|DIRSTACK|COMP_*|_|__sf_*|OPTIND|OPTERR) ;;
 *) declare -p "$__sf_n" 2>/dev/null ;; esac; done
 declare -f; declare -Fx; alias -p; trap -p
 echo 'unset -f __sf_fork_dump'; shopt -p; set +o
-printf 'builtin cd -- %q\n' "$PWD"; printf '__sf_rc %d\n' "$__sf_s"
+if [[ -v BASH_COMPAT ]]; then declare -p BASH_COMPAT; else echo 'unset BASH_COMPAT'; fi
+printf 'builtin cd -- %q\n' "$PWD"; declare -p OLDPWD 2>/dev/null || echo 'unset OLDPWD'
+printf '__sf_rc %d\n' "$__sf_s"
 unset -f __sf_fork_dump; return "$__sf_s"; }; __sf_fork_dump "$__sf_fork_s"
 """
 _ULIMIT_LINE = re.compile(r"\((?:[^()]*, )?-(\w)\)\s+(\S+)\s*$")
@@ -182,7 +184,7 @@ def snapshot(parent: HelperSandbox) -> _Snapshot:
         )
     shell = shell_script(out)
     limits = parent.copy_limits
-    max_bytes = writable_bound(parent)
+    max_bytes = min(writable_bound(parent), limits.max_bytes)
     msg = {
         "op": "fork_get",
         "max_bytes": max_bytes,
