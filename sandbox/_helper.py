@@ -1096,13 +1096,13 @@ def unlock_owned(roots, deadline):
                 continue
             is_dir = stat.S_ISDIR(st.st_mode)
             need = 0o700 if is_dir else 0o400
-            if st.st_uid == SANDBOX_UID and (is_dir or stat.S_ISREG(st.st_mode)):
-                if st.st_mode & need != need:
-                    try:
-                        os.chmod(e.path, stat.S_IMODE(st.st_mode) | need, follow_symlinks=False)
-                        locked[e.path] = stat.S_IMODE(st.st_mode)
-                    except OSError:
-                        pass
+            mine = st.st_uid == SANDBOX_UID and (is_dir or stat.S_ISREG(st.st_mode))
+            if mine and st.st_mode & need != need:
+                try:
+                    os.chmod(e.path, stat.S_IMODE(st.st_mode) | need, follow_symlinks=False)
+                    locked[e.path] = stat.S_IMODE(st.st_mode)
+                except OSError:
+                    pass
             if is_dir:
                 stack.append(e.path)
     return locked
