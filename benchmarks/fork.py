@@ -36,17 +36,22 @@ set -o pipefail; shopt -s globstar; ulimit -S -n 512; true
 GOAL_MS = {"docker": 50.0, "bwrap": 20.0}
 
 
+def _open(config: SandboxConfig) -> Any:
+    """open_sandbox() typed as what it returns here (a HelperSandbox: fork, reset, copy_limits)."""
+    return open_sandbox(config)
+
+
 def p50(xs: list[float]) -> float:
     return statistics.median(xs) * 1000.0
 
 
 def bench(backend: str, rounds: int, fresh_rounds: int) -> dict[str, Any]:
     config = SandboxConfig(
-        backend=backend,  # type: ignore[arg-type]
+        backend=backend,
         run_id="bench-fork",
         limits=SandboxLimits(memory_mb=1024, tmp_size_mb=256),
     )
-    with open_sandbox(config) as parent, open_sandbox(config) as child:
+    with _open(config) as parent, _open(config) as child:
         r = parent.exec(SHAPE, timeout=120)
         assert r.exit_code == 0, r.stderr
         check = parent.exec("du -sb /testbed | cut -f1; find /testbed -type f | wc -l").stdout

@@ -862,6 +862,7 @@ class Exporter:
         self.count_exact = True
         self.links = {}
         self.modes = {}  # path -> the mode to send for it (op_fork_get, unlock_owned)
+        self.owners = True
 
     def skip(self, reason, name, n=1):
         self.skipped[reason] = self.skipped.get(reason, 0) + n
@@ -874,7 +875,8 @@ class Exporter:
         info = tarfile.TarInfo(arc)
         info.type = kind
         info.mode = st.st_mode & 0o7777
-        info.uid, info.gid = st.st_uid, st.st_gid
+        if self.owners:  # a fork's child writes everything as the sandbox user: no pax record
+            info.uid, info.gid = st.st_uid, st.st_gid
         info.size = size
         info.linkname = linkname
         try:
@@ -1121,6 +1123,7 @@ def op_fork_get(session, req):
     roots = wipe_roots()
     locked = unlock_owned(roots, deadline)
     exporter.modes = locked
+    exporter.owners = False
     try:
         for root in roots:
             if exporter.stopped:

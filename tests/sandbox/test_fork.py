@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import tarfile
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -53,6 +54,11 @@ ulimit -H -c 0
 """
 
 
+def _open(config: SandboxConfig) -> Any:
+    """open_sandbox() typed as what it returns here (a HelperSandbox: fork, reset, copy_limits)."""
+    return open_sandbox(config)
+
+
 def _observe(sb: object) -> dict[str, str]:
     out = {}
     for name in CARRIED:
@@ -64,7 +70,7 @@ def _observe(sb: object) -> dict[str, str]:
 @pytest.fixture
 def shaped(make_config: Callable[..., SandboxConfig]):
     opened: list = []
-    parent = open_sandbox(make_config("fork-parent"))
+    parent = _open(make_config("fork-parent"))
     opened.append(parent)
     r = parent.exec(SHAPE, timeout=60)
     assert r.exit_code == 3, r.stderr
@@ -77,7 +83,7 @@ def test_each_child_sees_every_trace_the_parent_leaves(
     shaped: tuple, make_config: Callable[..., SandboxConfig]
 ) -> None:
     parent, opened = shaped
-    with open_sandbox(make_config("fork-fresh")) as fresh:
+    with _open(make_config("fork-fresh")) as fresh:
         expected_fresh = _observe(fresh)
     status = parent.exec("echo $?").stdout  # the shaping's last status, kept by the probe
     assert status == "3\n"
@@ -135,7 +141,7 @@ def test_what_a_child_changes_its_siblings_and_parent_do_not_see(shaped: tuple) 
 def test_running_processes_are_not_carried_and_the_child_is_told(
     make_config: Callable[..., SandboxConfig],
 ) -> None:
-    with open_sandbox(make_config("fork-procs")) as parent:
+    with _open(make_config("fork-procs")) as parent:
         parent.exec("sleep 1000 & (setsid sleep 999 &); echo started")
         (child,) = parent.fork(1)
         with child:
@@ -146,13 +152,15 @@ def test_running_processes_are_not_carried_and_the_child_is_told(
             procs = child.exec(PROBES["processes"]).stdout
             assert "sleep" not in procs, procs
             assert "sleep 1000" in parent.exec("ps -eo args").stdout  # the parent keeps them
-        assert parent.fork(1)[0].fork_info.process_count == 2  # type: ignore[union-attr]
+        (again,) = parent.fork(1)
+        with again:
+            assert again.fork_info is not None and again.fork_info.process_count == 2
 
 
 def test_a_fork_copies_at_most_the_limit_and_leaves_no_child(
     make_config: Callable[..., SandboxConfig],
 ) -> None:
-    with open_sandbox(make_config("fork-limits")) as parent:
+    with _open(make_config("fork-limits")) as parent:
         parent.exec(
             "head -c 2000000 /dev/zero > /tmp/big; mkdir /testbed/m; "
             "for i in $(seq 60); do : > /testbed/m/$i; done"
@@ -206,9 +214,9 @@ def test_a_child_refuses_a_forged_fork_archive(
 ) -> None:
     """What the parent wrote is hostile: a child writes nothing outside its places, and
     never through a symlink the archive planted."""
-    with open_sandbox(make_config("fork-forged")) as child:
+    with _open(make_config("fork-forged")) as child:
         blob = _tar(*members)
-        header, _ = child._client.request_from(  # type: ignore[attr-defined]
+        header, _ = child._client.request_from(
             {"op": "fork_put"}, io.BytesIO(blob), len(blob), timeout=30
         )
         assert header.get("ok") is not True and why in str(header.get("error")), header
