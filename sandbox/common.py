@@ -17,7 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -43,6 +43,9 @@ from sandbox.protocol import (
     header_limit,
 )
 from sandbox.usage import ResourceUsage
+
+if TYPE_CHECKING:
+    from sandbox.fork import ForkInfo
 
 log = logging.getLogger("sandflow.sandbox")
 
@@ -459,6 +462,17 @@ class HelperSandbox(ABC):
         if ping or wall or armed:
             self._helper_call({"op": "lifetime", "s": wall + 5.0 if wall else 0})
         self._helper_lifetime = bool(wall)
+
+    # ------------------------------------------------------------------ fork (sandbox/fork.py)
+    fork_info: ForkInfo | None = None  # set on a sandbox made by fork(): whose, what was left
+
+    def fork(self, n: int = 1, *, children: list[HelperSandbox] | None = None) -> list[Any]:
+        """n new sandboxes whose writable places and shell state equal this one's now;
+        running processes are not carried (each child's `fork_info` names them). `children`:
+        fresh or reset sandboxes of the same config to fork into (no start cost)."""
+        from sandbox.fork import fork_sandbox
+
+        return fork_sandbox(self, n, children=children)
 
     # ------------------------------------------------------------------ lifecycle
     def kill(self) -> None:

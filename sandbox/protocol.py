@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from sandbox.base import SandboxError
 
@@ -238,6 +238,30 @@ class HelperClient:
         """Send one request and wait for its answer; TimeoutError past `timeout`."""
         with self.lock:
             rid = self._send(msg, payload)
+            header, body = self.read_message(time.monotonic() + timeout)
+            self._expect(header, rid)
+            return header, body
+
+    def request_from(
+        self, msg: dict[str, Any], src: BinaryIO, length: int, *, timeout: float
+    ) -> tuple[dict[str, Any], bytes]:
+        """`request` with a payload of `length` bytes read from `src` in chunks (a fork's
+        archive, spooled on the host: never held whole)."""
+        with self.lock:
+            self._next_id += 1
+            rid = self._next_id
+            data = json.dumps({**msg, "id": rid, "len": length}, separators=(",", ":"))
+            try:
+                self.transport.send(data.encode() + b"\n")
+                left = length
+                while left > 0:
+                    chunk = src.read(min(left, 1 << 20))
+                    if not chunk:
+                        raise ValueError(f"the payload ended {left} bytes early")
+                    self.transport.send(chunk)
+                    left -= len(chunk)
+            except (OSError, TransportClosed) as e:
+                raise SandboxError(f"sandbox {self.name}: cannot reach the helper ({e})") from None
             header, body = self.read_message(time.monotonic() + timeout)
             self._expect(header, rid)
             return header, body

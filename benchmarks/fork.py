@@ -1,0 +1,113 @@
+"""Forking a live sandbox (issue #25) against the sandbox's own copy of the same files.
+
+    .venv/bin/python benchmarks/fork.py [--rounds 15] [--fresh-rounds 5] [--no-bwrap]
+
+The parent holds 10 MB in 1,000 files (100 folders) plus a shaped shell (exported and
+plain variables, arrays, functions, aliases, options, umask, ulimits, cwd). Figures (p50s):
+  fork        parent.fork(1, children=[c]) into a started sandbox (a pool's reset one)
+              goal <= 50 ms (docker), <= 20 ms (bwrap)
+  fork_fresh  parent.fork(1): the child's start included (no goal; start is benchmarks/sandbox.py's)
+  floor       `cp -a` of the same places inside the parent (the copy the kernel alone does)
+The last line printed is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sandbox import SandboxConfig, SandboxLimits, open_sandbox  # noqa: E402
+
+SHAPE = r"""
+for d in $(seq 100); do mkdir -p /testbed/pkg$d
+  for f in $(seq 10); do head -c 10240 /dev/urandom > /testbed/pkg$d/m$f.py; done
+done
+cd /testbed/pkg7 && export PROJECT=demo PATH=/testbed/bin:$PATH && umask 027
+build_dir=/tmp/out; declare -a targets=(a b c); f() { echo "$@"; }; alias t='pytest -q'
+set -o pipefail; shopt -s globstar; ulimit -S -n 512; true
+"""
+GOAL_MS = {"docker": 50.0, "bwrap": 20.0}
+
+
+def _open(config: SandboxConfig) -> Any:
+    """open_sandbox() typed as what it returns here (a HelperSandbox: fork, reset, copy_limits)."""
+    return open_sandbox(config)
+
+
+def p50(xs: list[float]) -> float:
+    return statistics.median(xs) * 1000.0
+
+
+def bench(backend: str, rounds: int, fresh_rounds: int) -> dict[str, Any]:
+    config = SandboxConfig(
+        backend=backend,
+        run_id="bench-fork",
+        limits=SandboxLimits(memory_mb=1024, tmp_size_mb=256),
+    )
+    with _open(config) as parent, _open(config) as child:
+        r = parent.exec(SHAPE, timeout=120)
+        assert r.exit_code == 0, r.stderr
+        check = parent.exec("du -sb /testbed | cut -f1; find /testbed -type f | wc -l").stdout
+        forks: list[float] = []
+        floors: list[float] = []
+        for _ in range(rounds):
+            assert child.reset() == [], "the child's reset failed"
+            t0 = time.perf_counter()
+            parent.fork(1, children=[child])
+            forks.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            parent.exec("cp -a /testbed /tmp/copy && rm -rf /tmp/copy")
+            floors.append(time.perf_counter() - t0)
+        seen = child.exec("du -sb /testbed | cut -f1; find /testbed -type f | wc -l").stdout
+        assert seen == check, (seen, check)
+        fresh: list[float] = []
+        for _ in range(fresh_rounds):
+            t0 = time.perf_counter()
+            (c,) = parent.fork(1)
+            fresh.append(time.perf_counter() - t0)
+            c.close()
+    size, files = check.split()
+    return {
+        "p50_ms": p50(forks),
+        "fresh_p50_ms": p50(fresh),
+        "floor_p50_ms": p50(floors),
+        "bytes": int(size),
+        "files": int(files),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--fresh-rounds", type=int, default=5)
+    ap.add_argument("--no-bwrap", action="store_true")
+    args = ap.parse_args()
+    fig: dict[str, Any] = {"benchmark": "fork"}
+    for backend in ("docker",) if args.no_bwrap else ("docker", "bwrap"):
+        r = bench(backend, args.rounds, args.fresh_rounds)
+        sfx = "" if backend == "docker" else "_bwrap"
+        fig[f"fork_p50_ms{sfx}"] = r["p50_ms"]
+        fig[f"fork_fresh_p50_ms{sfx}"] = r["fresh_p50_ms"]
+        fig[f"fork_floor_cp_p50_ms{sfx}"] = r["floor_p50_ms"]
+        fig[f"fork_over_floor{sfx}"] = r["p50_ms"] / r["floor_p50_ms"]
+        fig[f"fork_goal_ms{sfx}"] = GOAL_MS[backend]
+        fig[f"fork_pass{sfx}"] = r["p50_ms"] <= GOAL_MS[backend]
+        fig["bytes"], fig["files"] = r["bytes"], r["files"]
+        print(
+            f"{backend:6} fork {r['p50_ms']:7.1f} ms (goal <= {GOAL_MS[backend]:.0f})  "
+            f"with the child's start {r['fresh_p50_ms']:7.1f} ms  "
+            f"floor cp -a {r['floor_p50_ms']:6.1f} ms  ratio {r['p50_ms'] / r['floor_p50_ms']:.2f}x  "
+            f"({r['bytes']} bytes, {r['files']} files)"
+        )
+    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in fig.items()}))
+
+
+if __name__ == "__main__":
+    main()

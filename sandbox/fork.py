@@ -1,0 +1,283 @@
+"""Fork a live sandbox: n children whose files and shell state equal the parent's now.
+
+Why here and not in the engine: a fork is a copy of what the reset wipes (every writable
+place) plus the session shell's state, and both are the helper's to read and write. The
+parent's helper streams one tar of its writable places (bounded like copy_out: bytes by
+the sandbox's writable limit, entries, seconds); the host spools it (never more than that
+bound, on disk past SPOOL_MEMORY) and streams it to each child's helper, which writes it
+as the sandbox user, never through a symlink. The host never parses what the parent
+wrote; each child checks every member itself (sandbox/_helper.py, op_fork_put).
+
+Not carried (docs/sandbox.md, "Fork"): processes (the child's shell is new; `ForkInfo`
+names what was running), fifos, sockets and devices, files the sandbox user cannot read,
+extended attributes and ACLs, System V IPC objects, the kernel keyring, open fds.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from sandbox.base import SandboxError
+
+if TYPE_CHECKING:  # sandbox.common's HelperSandbox.fork calls in here
+    from sandbox.common import HelperSandbox
+    from sandbox.protocol import HelperClient
+
+SPOOL_MEMORY = 64 << 20  # a fork archive up to this stays in memory; past it, a temp file
+SHELL_STATE_CAP = 4 << 20  # bytes of shell state (variables, functions, aliases) carried
+SHELL_TIMEOUT_S = 30.0
+MAX_CHILDREN = 64
+ROOTS_BOUND = 8  # writable places a sandbox may have (sandbox/_helper.py, wipe_roots)
+ULIMIT_FLAGS = "cdefilmnqrstuvxR"
+ENTRY_OVERHEAD = 8192  # tar bytes per entry beyond its data (sandbox/common.py, TAR_OVERHEAD)
+FORK_PUT_TIMEOUT_S = 135.0  # a child writing the archive (the file ops' 120 s + slack)
+
+# Runs in the parent's session shell: prints umask, ulimits, then a script that recreates
+# the variables (exported or not, arrays, attributes), functions, aliases, traps, options
+# and cwd, and ends with the previous command's status. It leaves the shell as it found it.
+DUMP = r"""__sf_fork_s=$?; __sf_fork_dump() {
+local __sf_s=$1 __sf_n; unset __sf_fork_s
+umask -p; echo '#@H'; ulimit -H -a; echo '#@S'; ulimit -S -a; echo '#@script'
+echo 'for __sf_v in $(compgen -e); do unset "$__sf_v" 2>/dev/null; done; unset __sf_v'
+for __sf_n in $(compgen -v); do case $__sf_n in
+BASH*|FUNCNAME|GROUPS|RANDOM|SRANDOM|SECONDS|LINENO|EPOCH*|PIPESTATUS|HISTCMD|PPID|UID|EUID|\
+SHELLOPTS|DIRSTACK|COMP_*|_|__sf_*|OPTIND|OPTERR) ;;
+*) declare -p "$__sf_n" 2>/dev/null ;; esac; done
+declare -f; declare -Fx; alias -p; trap -p
+echo 'unset -f __sf_fork_dump'; shopt -p; set +o
+if [[ -v BASH_COMPAT ]]; then declare -p BASH_COMPAT; else echo 'unset BASH_COMPAT'; fi
+printf 'builtin cd -- %q\n' "$PWD"; declare -p OLDPWD 2>/dev/null || echo 'unset OLDPWD'
+printf '__sf_rc %d\n' "$__sf_s"
+unset -f __sf_fork_dump; return "$__sf_s"; }; __sf_fork_dump "$__sf_fork_s"
+"""
+_ULIMIT_LINE = re.compile(r"\((?:[^()]*, )?-(\w)\)\s+(\S+)\s*$")
+
+
+class ForkError(SandboxError):
+    """The fork could not be made (the parent is untouched; no child is left open)."""
+
+
+@dataclass
+class ForkInfo:
+    """What a child knows about its making: whose fork, what did not come along."""
+
+    parent: str
+    files_bytes: int = 0
+    entries: int = 0
+    processes_not_carried: list[str] = field(default_factory=list)
+    process_count: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def notice(self) -> str:
+        """One line for the model or a log: the processes the child does not have."""
+        if not self.process_count:
+            return f"forked from {self.parent}: no process was running"
+        return (
+            f"forked from {self.parent}: {self.process_count} running processes were not "
+            f"carried over (e.g. {'; '.join(self.processes_not_carried[:3])})"
+        )
+
+
+@dataclass
+class _Snapshot:
+    spool: Any  # SpooledTemporaryFile
+    length: int
+    shell: str
+    info: ForkInfo
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one reader of the spool
+
+
+def writable_bound(box: HelperSandbox) -> int:
+    """The most a fork may copy: every writable place full (each is sized tmp_size_mb)."""
+    return box.config.limits.tmp_size_mb * (1 << 20) * ROOTS_BOUND
+
+
+def fork_sandbox(
+    parent: HelperSandbox,
+    n: int,
+    *,
+    children: list[Any] | None = None,
+    opener: Callable[[], Any] | None = None,
+) -> list[Any]:
+    """n children equal to `parent` now (module docstring). `children`: fresh or reset
+    sandboxes of the same config to fork into (e.g. from a warm pool: no start cost);
+    else `opener()` (default: the parent's class and config) starts each. Each child gets
+    `.fork_info` (ForkInfo). On failure every child this call opened is closed."""
+    if not 1 <= n <= MAX_CHILDREN:
+        raise ValueError(f"fork: n must be between 1 and {MAX_CHILDREN}, got {n}")
+    if children is not None and len(children) != n:
+        raise ValueError(f"fork: {n} children asked for but {len(children)} sandboxes given")
+    t0 = time.perf_counter()
+    snap = snapshot(parent)
+    opened: list[Any] = []
+    try:
+        if children is None:
+            open_one = opener or (lambda: type(parent)(parent.config))
+            if parent.backend == "docker":
+                children = _parallel([open_one] * n)
+            else:  # bwrap's --die-with-parent is the *thread* that started it: start here
+                children = []
+                for _ in range(n):
+                    children.append(open_one())
+            opened = list(children)
+        _parallel([partial(restore, c, snap) for c in children])
+    except BaseException:
+        for c in opened:
+            c.close()
+        raise
+    finally:
+        snap.spool.close()
+    snap.info.seconds = time.perf_counter() - t0
+    for c in children:
+        c.fork_info = ForkInfo(**{**snap.info.__dict__})
+    return children
+
+
+def _parallel(jobs: list[Callable[[], Any]]) -> list[Any]:
+    """Run jobs in threads (each child has its own channel); the first error is raised
+    after all have ended."""
+    if len(jobs) == 1:
+        return [jobs[0]()]
+    results: list[Any] = [None] * len(jobs)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = jobs[i]()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for r in results:  # opened sandboxes of the jobs that did succeed
+            if hasattr(r, "close"):
+                r.close()
+        raise errors[0]
+    return results
+
+
+def snapshot(parent: HelperSandbox) -> _Snapshot:
+    """The parent's shell state and its writable places, spooled on the host."""
+    header, _ = parent._helper_call(
+        {"op": "exec", "cmd": DUMP, "timeout": SHELL_TIMEOUT_S, "cap": SHELL_STATE_CAP}
+    )
+    out = header.get("stdout")
+    if header.get("exit_code") is None or not isinstance(out, str):
+        raise ForkError(f"sandbox {parent.name}: its shell state could not be read")
+    if header.get("dropped_bytes") or header.get("truncated"):
+        raise ForkError(
+            f"sandbox {parent.name}: its shell state is over {SHELL_STATE_CAP} bytes "
+            "(variables, functions, aliases): not forked"
+        )
+    shell = shell_script(out)
+    limits = parent.copy_limits
+    max_bytes = min(writable_bound(parent), limits.max_bytes)
+    msg = {
+        "op": "fork_get",
+        "max_bytes": max_bytes,
+        "max_entries": limits.max_files,
+        "max_seconds": limits.max_seconds,
+    }
+    client = parent._check_open()
+    max_total = max_bytes + (limits.max_files + ROOTS_BOUND + 2) * ENTRY_OVERHEAD
+    reply = client.stream(msg, max_total=max_total, deadline_s=limits.max_seconds + 60.0)
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY)  # noqa: SIM115 - closed by fork_sandbox
+    try:
+        with parent._consuming(reply, "(its writable places)"):
+            for chunk in reply:
+                spool.write(chunk)
+        final = reply.final or {}
+        info = _info(parent.name, final)
+        if info.skipped.get("over_size") or info.skipped.get("over_count"):
+            raise ForkError(
+                f"sandbox {parent.name}: its writable places hold more than a fork copies "
+                f"({max_bytes} bytes, {limits.max_files} entries): not forked"
+            )
+        if info.skipped.get("time_limit"):
+            raise ForkError(
+                f"sandbox {parent.name}: reading its writable places took over "
+                f"{limits.max_seconds:g}s: not forked"
+            )
+        length = spool.tell()
+        spool.seek(0)
+    except BaseException:
+        spool.close()
+        raise
+    return _Snapshot(spool, length, shell, info)
+
+
+def _info(parent: str, final: dict[str, Any]) -> ForkInfo:
+    """The parent helper's account, bounded (it came out of a sandbox)."""
+    raw = final.get("summary")
+    summary: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    procs = final.get("processes")
+    count = final.get("process_count")
+    raw = summary.get("skipped")
+    skipped: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    return ForkInfo(
+        parent=parent,
+        files_bytes=_count(summary.get("bytes")),
+        entries=_count(summary.get("entries")),
+        processes_not_carried=[str(p)[:200] for p in procs[:20]] if isinstance(procs, list) else [],
+        process_count=_count(count),
+        skipped={str(k)[:40]: _count(v) for k, v in list(skipped.items())[:20]},
+    )
+
+
+def _count(v: object) -> int:
+    return v if type(v) is int and 0 <= v < 1 << 50 else 0
+
+
+def shell_script(dump: str) -> str:
+    """The restore script from the parent's dump: umask, hard then soft limits, the rest."""
+    head, sep, script = dump.partition("#@script\n")
+    if not sep:
+        raise ForkError("the parent's shell state dump is malformed")
+    lines: list[str] = []
+    section = ""
+    for line in head.splitlines():
+        if line.startswith("umask "):
+            lines.append(line)
+        elif line in ("#@H", "#@S"):
+            section = line[2]
+        elif section and (m := _ULIMIT_LINE.search(line)) and m.group(1) in ULIMIT_FLAGS:
+            value = m.group(2)
+            if value == "unlimited" or value.isdigit():
+                lines.append(f"ulimit -{section} -{m.group(1)} {value} 2>/dev/null")
+    return "\n".join(lines) + "\n" + script
+
+
+def restore(child: HelperSandbox, snap: _Snapshot) -> None:
+    """Write the parent's places into `child`, then replay its shell state there."""
+    client: HelperClient = child._check_open()
+    snap_len = snap.length
+    # each child reads the spool from the start: one at a time (the spool is one file)
+    with snap.lock:
+        snap.spool.seek(0)
+        try:
+            header, _ = client.request_from(
+                {"op": "fork_put"}, snap.spool, snap_len, timeout=FORK_PUT_TIMEOUT_S
+            )
+        except TimeoutError:
+            child.kill()
+            raise ForkError(f"sandbox {child.name}: writing the fork stalled; removed") from None
+    if not header.get("ok"):
+        raise ForkError(f"sandbox {child.name}: fork refused: {str(header.get('error'))[:300]}")
+    header, _ = child._helper_call(
+        {"op": "exec", "cmd": snap.shell, "timeout": SHELL_TIMEOUT_S, "cap": 4096}
+    )
+    if header.get("exit_code") is None or header.get("timed_out"):
+        raise ForkError(f"sandbox {child.name}: the parent's shell state could not be replayed")
