@@ -262,12 +262,7 @@ def trajectory_rows(
             stats.masked_overlong += 1
         rows.append(
             {
-                "run_id": e.run_id,
-                "episode_id": e.episode_id,
-                "task_id": e.task_id,
-                "domain": e.domain,
-                "mode": e.mode,
-                "sample_index": e.sample_index,
+                **e.identity(),
                 "model": e.model,
                 "messages": msgs,
                 "loss_mask": mask,
