@@ -39,6 +39,9 @@ class ReportData:
     nightly: nightly_report.NightlySection | None = None  # set by the report flow
     # Base URL of `sandflow view`: table rows link to their episodes there (None: no links)
     viewer_url: str | None = None
+    # What the run cost per mode and overall (warehouse.cost.cost_by_mode; set by the
+    # report flow); cost_usd None: a model or turn without a price (unknown, never 0)
+    cost: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_run(cls, data: RunData, meta: dict[str, Any] | None = None) -> ReportData:
@@ -68,10 +71,23 @@ class ReportData:
             ),
             *([("pass_at_k", "pass@k (unbiased) and mean@k (%)", self.pass_at_k)] if self.pass_at_k else []),
             ("tokens", "Tokens per episode (mean) and sandbox/LLM ratio", self.tokens),
+            *([("cost", "What the run cost (USD; unknown: no price for the model)", cost_table(self.cost))]
+              if self.cost else []),
             ("usage", "Capability usage (% of sandbox turns)", self.usage),
             ("turns", "Turns per episode", self.turns),
             ("terminations", "Termination reasons", self.terminations),
         ]
+
+
+def cost_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cost rows for people: dollars to 1/100 of a cent, "unknown" where a model or
+    turn has no price (a blank or a 0 would read as free)."""
+
+    def usd(v: Any) -> str:
+        return "unknown" if v is None else f"{v:,.4f}"
+
+    return [{**r, "cost_usd": usd(r.get("cost_usd")), "cost_per_episode": usd(r.get("cost_per_episode"))}
+            for r in rows]
 
 
 # ------------------------------------------------------------------------------ plots

@@ -294,6 +294,8 @@ def _run_config(spec: RunSpec, live_cfg: Any) -> dict[str, Any]:
         "durability": spec.durability,
         "task_set": spec.task_set,
         "retries": spec.retries,
+        # what the run's tokens cost (warehouse/cost.py); {}: unknown
+        "prices": spec.prices,
     }
 
 

@@ -36,6 +36,7 @@ def report_flow(
     }
     rd = ReportData.from_run(data, {k: v for k, v in meta.items() if v is not None})
     rd.viewer_url = viewer_url or None
+    rd.cost = _cost(wh, run_id)
     rd.nightly = _nightly_section(warehouse, run_id, alpha, trend_runs)
     rd.nightly.viewer_url = rd.viewer_url
     out = Path(out_dir or Path(warehouse) / "reports" / run_id).expanduser()
@@ -53,6 +54,14 @@ def report_flow(
         "changes": rd.nightly.table_rows(),
         "regression": rd.nightly.regression_message(),
     }
+
+
+def _cost(wh: Warehouse, run_id: str) -> list[dict[str, Any]]:
+    """The run's cost per mode, priced by the table the run recorded (warehouse/cost.py)."""
+    from warehouse.cost import cost_by_mode
+
+    with wh.query(run_id=run_id, tables=("runs", "episodes", "turns")) as q:
+        return cost_by_mode(q, run_id)
 
 
 def _nightly_section(warehouse: str, run_id: str, alpha: float, trend_runs: int) -> Any:

@@ -44,6 +44,7 @@ from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSa
 from sandbox.gc import write_bwrap_state
 from sandbox.labels import make_labels
 from sandbox.protocol import BOOT_ARGV, TransportClosed
+from sandbox.usage import ResourceUsage, from_cgroup_v1
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PARENT = "sandflow"
@@ -113,6 +114,11 @@ class Cgroups:
 
     def __init__(self, name: str) -> None:
         self.dirs = {c: CGROUP_ROOT / c / CGROUP_PARENT / name for c in self.CONTROLLERS}
+        # CPU accounting (sandbox/usage.py) where cpuacct is a hierarchy of its own; when it
+        # is mounted with cpu ("cpu,cpuacct"), the cpu directory has its files already.
+        acct = CGROUP_ROOT / "cpuacct"
+        if (acct / "cgroup.procs").exists() and acct.resolve() != (CGROUP_ROOT / "cpu").resolve():
+            self.dirs["cpuacct"] = acct / CGROUP_PARENT / name
 
     @staticmethod
     def available() -> bool:
@@ -136,6 +142,10 @@ class Cgroups:
     @property
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs.values()]
+
+    def usage(self) -> ResourceUsage:
+        acct = self.dirs.get("cpuacct", self.dirs["cpu"])
+        return from_cgroup_v1(acct, self.dirs["memory"])
 
     @property
     def oom_file(self) -> Path:
@@ -401,6 +411,9 @@ class BwrapSandbox(HelperSandbox):
                     else ""
                 )
             )
+
+    def _usage_now(self) -> ResourceUsage:
+        return self.cgroups.usage() if self.cgroups is not None else ResourceUsage()
 
     def _oom_counter(self) -> int | None:
         if self.cgroups is None:

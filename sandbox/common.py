@@ -42,6 +42,7 @@ from sandbox.protocol import (
     Transport,
     header_limit,
 )
+from sandbox.usage import ResourceUsage
 
 log = logging.getLogger("sandflow.sandbox")
 
@@ -112,6 +113,7 @@ class HelperSandbox(ABC):
             time.monotonic() + config.limits.wall_clock_s if config.limits.wall_clock_s else None
         )
         self.start_s = 0.0
+        self._usage_base: ResourceUsage | None = None  # counters when this episode began
 
     # ------------------------------------------------------------------ backend hooks
     @property
@@ -133,6 +135,19 @@ class HelperSandbox(ABC):
     def _oom_counter(self) -> int | None:
         """The sandbox's OOM-kill count when the host can see it (else the helper reports)."""
         return None
+
+    def _usage_now(self) -> ResourceUsage:
+        """The sandbox's cgroup counters since it started (sandbox/usage.py); the backend's
+        own hook: unknown unless it overrides this."""
+        return ResourceUsage()
+
+    def resource_usage(self) -> ResourceUsage:
+        """CPU-seconds and peak memory of this episode (since `begin_episode` for a pooled
+        sandbox); None fields: the backend cannot tell. Never raises."""
+        try:
+            return self._usage_now().since(self._usage_base)
+        except Exception:  # a gone container or cgroup: unknown, not an episode failure
+            return ResourceUsage()
 
     # ------------------------------------------------------------------ helpers
     def _new_client(self, transport: Transport) -> HelperClient:
@@ -437,6 +452,10 @@ class HelperSandbox(ABC):
         self.config = config
         self._expired = False
         self._expires_at = time.monotonic() + wall if wall else None
+        try:
+            self._usage_base = self._usage_now()
+        except Exception:
+            self._usage_base = None
         if ping or wall or armed:
             self._helper_call({"op": "lifetime", "s": wall + 5.0 if wall else 0})
         self._helper_lifetime = bool(wall)

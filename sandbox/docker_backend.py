@@ -29,6 +29,7 @@ from sandbox.deadline import bounded
 from sandbox.engine import docker_client, ensure_image
 from sandbox.labels import make_labels
 from sandbox.protocol import BOOT_ARGV, TransportClosed
+from sandbox.usage import ResourceUsage, from_docker_stats
 
 STREAM_STDOUT = 1
 STREAM_STDERR = 2
@@ -178,6 +179,12 @@ class DockerSandbox(HelperSandbox):
         )
         config["MaskedPaths"] = MASKED_PATHS  # replaces the engine's list: keeps all of it
         return config
+
+    def _usage_now(self) -> ResourceUsage:
+        """The container's cgroup counters through the engine (one shot, ~10 ms)."""
+        if not self.container_id:
+            return ResourceUsage()
+        return from_docker_stats(self.api.stats(self.container_id, stream=False, one_shot=True))
 
     def _host_pids(self) -> int:
         """The engine's pids limit: the sandbox's own under runc. Under another runtime the

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import NoDecode
 
 from sandflow.host import HostSettings
 from tasks.model import API_KEY_ENV
+from tasks.pricing import PriceTable, load_prices
 from warehouse import DEFAULT_ROOT
 
 if TYPE_CHECKING:
@@ -60,6 +62,11 @@ class Settings(HostSettings):
     # per turn) or recent records ("flush": nothing waits for the disk). docs/warehouse.md.
     durability: Literal["turn", "sync", "flush"] = "turn"
 
+    # What tokens cost (tasks/pricing.py; docs/cost.md): `[prices."MODEL"]` tables in
+    # sandflow.toml, or SANDFLOW_PRICES / --prices as a JSON file or JSON text. None by
+    # default: a model without a price costs "unknown", never 0.
+    prices: Annotated[PriceTable, NoDecode] = Field(default_factory=lambda: PriceTable({}))
+
     # Optional LLM judge endpoint
     judge_base_url: str | None = None
     judge_model: str | None = None
@@ -77,6 +84,17 @@ class Settings(HostSettings):
         except PolicyError as exc:
             raise ValueError(str(exc)) from None
         return value.strip()
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _prices(cls, value: Any) -> Any:
+        """A JSON file's path or JSON text (flag, env) or a table (sandflow.toml), checked
+        by the one loader (tasks.pricing.load_prices), which names the bad key or field."""
+        if value is None or isinstance(value, PriceTable):
+            return value or PriceTable({})
+        if isinstance(value, str | Path | dict):
+            return load_prices(value)
+        raise ValueError(f"a price table is a JSON file, JSON text or a table, not {type(value).__name__}")
 
     def public_dict(self) -> dict[str, Any]:
         """A dump safe to write anywhere: secrets are never included."""
@@ -98,6 +116,17 @@ class Settings(HostSettings):
 
 def load_settings(**overrides: Any) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def flag_prices(flag: str | None) -> PriceTable | None:
+    """The --prices flag (a JSON file or JSON text) as a PriceTable; None: not given.
+    Raises ValueError with one sentence naming the flag and the file, key or field."""
+    if flag is None:
+        return None
+    try:
+        return load_prices(flag)
+    except ValueError as exc:
+        raise ValueError(f"--prices: {exc}") from None
 
 
 def settings_warehouse() -> Path:

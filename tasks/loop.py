@@ -779,6 +779,7 @@ class _Episode:
             answer = extract_answer(last)
             source = "last_message" if answer is not None else None
         self.record.answer, self.record.answer_source = answer, source
+        self._read_usage(sandbox)
         if output_dir is not None:
             try:
                 Path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -787,6 +788,17 @@ class _Episode:
                 self.record.output_export = summary.as_dict() if summary is not None else None
             except Exception as exc:  # a lost output copy must not hide the episode's result
                 self.record.error = f"{self.record.error or ''} [copying outputs failed: {exc}]".strip()
+
+    def _read_usage(self, sandbox: Sandbox) -> None:
+        """CPU-seconds and peak memory from the sandbox's cgroup (sandbox/usage.py), read
+        before it is closed or handed back to its pool; a backend without the counters
+        leaves them unknown."""
+        read = getattr(sandbox, "resource_usage", None)
+        if not callable(read):
+            return
+        usage = read()
+        self.record.sandbox_cpu_s = getattr(usage, "cpu_s", None)
+        self.record.sandbox_peak_memory_bytes = getattr(usage, "peak_memory_bytes", None)
 
     def _read_answer_file(self, sandbox: Sandbox) -> str | None:
         try:

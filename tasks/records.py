@@ -142,6 +142,11 @@ class EpisodeRecord(BaseModel):
     # The output folder's export (sandbox.archive.ExportSummary.as_dict()): files, bytes,
     # and what was left out, counted per reason with a few names. None when not exported.
     output_export: dict[str, Any] | None = None
+    # What the sandbox used, from its cgroup (sandbox/usage.py): CPU-seconds of this
+    # episode and the peak memory in bytes (a pooled sandbox's: since it started). None:
+    # LLM mode, or the backend cannot tell (unknown, never 0).
+    sandbox_cpu_s: float | None = None
+    sandbox_peak_memory_bytes: int | None = None
 
     @property
     def is_infra_failure(self) -> bool:

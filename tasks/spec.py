@@ -94,6 +94,10 @@ class RunSpec(BaseModel):
     wait_for_lock: bool | float = Field(
         False, description="another process runs this run id: wait (True, or seconds) instead of refusing"
     )
+    prices: dict[str, Any] = Field(
+        default_factory=dict,
+        description="price table (tasks.pricing.PriceTable as JSON) the run records for its cost",
+    )
     series: str | None = Field(
         None, description="the series this run continues (its report compares with the previous run)"
     )

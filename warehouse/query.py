@@ -45,7 +45,9 @@ from typing import Any, TypeVar
 import duckdb
 import pyarrow as pa
 
+from tasks.pricing import PriceTable
 from warehouse.badfiles import prime, remember
+from warehouse.cost import run_prices
 from warehouse.digest import DIGESTED_TABLES, plan_partition
 from warehouse.journal import is_live, read_journal
 from warehouse.layout import Layout
@@ -256,9 +258,12 @@ class WarehouseQuery:
         tables: tuple[str, ...] | None = None,
         host_files: bool = False,
         digests: bool = True,
+        prices: PriceTable | None = None,
         known_bad: bool = True,
     ) -> None:
         self.layout = Layout(root)
+        # prices the cost views use before each run's recorded table (warehouse/cost.py)
+        self.prices = prices
         if not self.layout.root.is_dir():
             raise WarehouseNotFound(
                 f"warehouse root {self.layout.root} does not exist. Point to one with "
@@ -371,6 +376,7 @@ class WarehouseQuery:
             self._create_partial_turns(snap)
         else:
             self._create_partial_turns(snap, journals=False)
+        self._create_run_prices()
         for view in VIEWS:  # warehouse/views.py, in order
             if view.sql is not None:  # None: turns, partial_turns (built above)
                 self.con.execute(f"CREATE OR REPLACE VIEW {view.name} AS {view.sql}")
@@ -457,6 +463,18 @@ class WarehouseQuery:
             parts.append(self._source(table, good))  # unique names: never rewritten
         body = " UNION ALL ".join(parts) or f"SELECT * FROM {empty_name}"
         self.con.execute(f"CREATE OR REPLACE VIEW _raw_{table} AS {body}")
+
+    def _create_run_prices(self) -> None:
+        """``_run_prices``: each run x model's price, from the price table the run
+        recorded or the one handed to this session (warehouse/cost.py)."""
+        runs = self.con.execute(
+            "SELECT run_id, config FROM _raw_runs "
+            "QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY written_at DESC) = 1"
+        ).fetchall()
+        models = self.con.execute(
+            "SELECT DISTINCT run_id, model FROM _raw_episodes WHERE model IS NOT NULL"
+        ).fetchall()
+        self._arrow_view("_run_prices", run_prices(runs, models, self.prices))
 
     def _arrow_view(self, name: str, table: pa.Table) -> None:
         """A view of an Arrow table. Not `con.register`: that imports pandas (~0.5 s of

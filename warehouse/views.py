@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from warehouse.cost import COST_VIEW_HELP, COST_VIEWS
 from warehouse.data_views import DATA_VIEW_HELP, DATA_VIEWS
 from warehouse.series import SERIES_VIEW_HELP, SERIES_VIEWS
 
@@ -366,7 +367,13 @@ DATA: tuple[View, ...] = tuple(
     View(name, sql=sql, help=DATA_VIEW_HELP.get(name, "")) for name, sql in DATA_VIEWS.items()
 )
 
-VIEWS: tuple[View, ...] = (*BASE_VIEWS, *SERIES, *DATA)
+# What runs cost (warehouse/cost.py): turns and episodes priced by the `_run_prices`
+# table the session builds from each run's recorded price table.
+COST: tuple[View, ...] = tuple(
+    View(name, sql=sql, help=COST_VIEW_HELP.get(name, "")) for name, sql in COST_VIEWS.items()
+)
+
+VIEWS: tuple[View, ...] = (*BASE_VIEWS, *SERIES, *DATA, *COST)
 
 # name -> help of every listed view, in creation order (what `sandflow sql` shows)
 VIEW_HELP: dict[str, str] = {v.name: v.help for v in VIEWS if v.help}

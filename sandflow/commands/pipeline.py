@@ -27,7 +27,14 @@ from sandflow.commands.durability_option import (
 )
 from sandflow.commands.network_option import network_option
 from sandflow.console import short
-from sandflow.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REGRESSION, console, fail
+from sandflow.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_REGRESSION,
+    EXIT_USAGE,
+    console,
+    fail,
+)
 from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S, EMBEDDED_MODEL_MAX_STEPS
 
 flows_app = typer.Typer(
@@ -46,6 +53,14 @@ _WAREHOUSE = typer.Option(
     None, "--warehouse", "-w", help="Warehouse root (default: SANDFLOW_WAREHOUSE or ./warehouse_data)."
 )  # the text names the default; the value is warehouse.DEFAULT_ROOT, via Settings
 _RUN_ID = typer.Option(..., "--run-id", "-r", help="The run to work on (printed by `run` and `bench`).")
+_PRICES = typer.Option(
+    None,
+    "--prices",
+    help="Price table: a JSON file or JSON text of model -> USD per million tokens "
+    '(e.g. \'{"gpt-4o": {"input": 2.5, "cached_input": 1.25, "output": 10}}\'); the run records '
+    "it and `run_cost` prices its tokens (default: SANDFLOW_PRICES or [prices] in sandflow.toml; "
+    "none: cost unknown). docs/cost.md.",
+)
 
 
 def _settings(**overrides: Any) -> Any:
@@ -79,6 +94,7 @@ def _run_spec(s: Any, **flags: Any) -> Any:
         "sandbox_reuse": s.sandbox_reuse or "fresh",
         "sandbox_runtime": s.sandbox_runtime,
         "durability": s.durability,
+        "prices": s.prices.public_dict(),
     }
     return RunSpec(**{**settled, **flags})
 
@@ -132,6 +148,16 @@ def _isolate_from_terminal_signals() -> None:
 
 def _console() -> Any:
     return console()
+
+
+def _prices(flag: str | None) -> Any:
+    """--prices checked before any work: a bad table is exit 2 naming what is wrong."""
+    from sandflow.config import flag_prices
+
+    try:
+        return flag_prices(flag)
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
 
 
 def _fail(msg: str) -> None:
@@ -363,6 +389,7 @@ def bench(
     ),
     alpha: float = typer.Option(0.05, "--alpha", min=0.0001, max=0.5, help="Significance level of the nightly comparison."),
     wait: bool = _WAIT,
+    prices: str = _PRICES,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs."),
 ) -> None:
     """The nightly benchmark, now: prepare -> run (both modes) -> score -> usage -> tokens
@@ -383,7 +410,7 @@ def bench(
     _quiet_prefect(verbose)
     s = _settings(
         model=model, base_url=base_url, warehouse=warehouse, network=network,
-        durability=durability_value(durability),
+        durability=durability_value(durability), prices=_prices(prices),
     )
     from sandflow.commands.progress import RichEpisodeProgress
 
@@ -567,6 +594,7 @@ def cmd_run(
         True, "--compact/--no-compact", help="Merge the run's per-episode files at its end (fast SQL)."
     ),
     wait: bool = _WAIT,
+    prices: str = _PRICES,
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run episodes (resumable): a task set x a model x mode x samples.
@@ -581,7 +609,7 @@ def cmd_run(
 
     s = _settings(
         model=model, base_url=base_url, warehouse=warehouse, network=network,
-        durability=durability_value(durability),
+        durability=durability_value(durability), prices=_prices(prices),
     )
     _check_run_free(str(s.warehouse), run_id, wait)
     spec = _run_spec(

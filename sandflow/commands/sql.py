@@ -20,6 +20,7 @@ from sandflow.errors import EXIT_FAILED, EXIT_USAGE, err_console, fail
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from tasks.pricing import PriceTable
     from warehouse.query import WarehouseQuery
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -35,7 +36,8 @@ SQL_HELP = """Query the warehouse with SQL (DuckDB dialect) over its Parquet fil
   sandflow sql "SELECT * FROM turns" --format parquet --output turns.parquet
 
 [bold]Views[/bold]: runs, episodes, turns, scores, usage, partial_turns, tool_calls,
-accuracy, accuracy_by_verifier, episode_tokens, capability_usage, slow_tools, timeouts, errors.
+accuracy, accuracy_by_verifier, episode_tokens, capability_usage, slow_tools, timeouts, errors,
+turn_cost, episode_cost, run_cost (dollars: --prices or the run's recorded price table).
 Raw files (every attempt and batch): _raw_<table>.
 
 Bad files (truncated, corrupt, foreign schema) are left out with a warning naming them;
@@ -62,12 +64,32 @@ def _err_console() -> Console:
     return err_console()
 
 
+def _session_prices(flag: str | None) -> PriceTable | None:
+    """The price table the cost views use before each run's own: --prices, else the
+    settings' (SANDFLOW_PRICES, sandflow.toml); a bad one is exit 2 naming what is wrong."""
+    from pydantic import ValidationError
+
+    from sandflow.config import flag_prices, load_settings
+
+    if flag is not None:
+        try:
+            return flag_prices(flag)
+        except ValueError as exc:
+            raise fail(str(exc), EXIT_USAGE) from None
+
+    try:
+        return load_settings().prices or None
+    except (ValidationError, ValueError, OSError):
+        return None  # a broken config file must not stop a query (settings_warehouse)
+
+
 def _open(
     root: Path,
     run: str | None,
     quarantine: bool,
     host_files: bool = False,
     digests: bool = True,
+    prices: PriceTable | None = None,
     known_bad: bool = True,
 ) -> WarehouseQuery:
     from warehouse.query import WarehouseError, WarehouseQuery
@@ -80,6 +102,7 @@ def _open(
             quarantine=quarantine,
             host_files=host_files,
             digests=digests,
+            prices=prices,
             known_bad=known_bad,
         )
     except (WarehouseError, ValueError) as exc:
@@ -292,6 +315,12 @@ def register(app: typer.Typer) -> None:
             help="Give the SQL DuckDB's full access to your files: COPY ... TO, reading "
             "other files, ATTACH, extensions. Off by default: the SQL only reads the warehouse.",
         ),
+        prices: str | None = typer.Option(
+            None,
+            "--prices",
+            help="Price table (JSON file or text) the cost views use before each run's "
+            "recorded one, e.g. to price a run recorded without one. docs/cost.md.",
+        ),
     ) -> None:
         from warehouse.query import WarehouseQueryError
 
@@ -305,7 +334,8 @@ def register(app: typer.Typer) -> None:
         root = _resolve_root(warehouse)
         console = stdout_console()
         width = cell_width(console, max_width, 60)
-        with _open(root, run, quarantine, allow_host_files) as q:
+        session_prices = _session_prices(prices)
+        with _open(root, run, quarantine, allow_host_files, prices=session_prices) as q:
             seen = {b.path for b in q.snapshot.bad}
             try:
                 if query is None:

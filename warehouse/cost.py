@@ -1,0 +1,207 @@
+"""What a run cost: its tokens in dollars, as SQL views.
+
+Prices come from the price table each run recorded when it started (``runs.config`` ->
+``prices``, a tasks.pricing.PriceTable), so the cost is a property of what the warehouse
+holds, not of the process that asks. A table handed to the query session
+(``WarehouseQuery(prices=...)``: ``sandflow sql --prices``) prices what it names first, e.g.
+a run recorded before its model had a price.
+
+Resolved here, in Python, into one small table ``_run_prices`` (run x model -> four rates),
+which the views join; a run x model with no price has no row there and every cost of it
+is NULL ("unknown"), never 0. A turn whose server reported no usage is unknown too.
+
+Views (registered by warehouse/query.py after the base views):
+
+  turn_cost     one row per turn: model, the four token counts, cost_usd
+  episode_cost  one row per episode: tokens, turns, unpriced_turns, cost_usd
+                (NULL when any turn is unpriced; 0 for a priced episode with no turns),
+                sandbox_cpu_s and sandbox_peak_memory_bytes (from the sandbox's cgroup)
+  run_cost      one row per run: episodes, tokens, unpriced_turns, cost_usd (NULL when
+                any turn is unpriced), known_cost_usd (the priced turns only),
+                cost_per_episode, models; the sandbox side: sandbox_cpu_s (summed),
+                sandbox_peak_memory_bytes (the largest episode's), sandbox_episodes_measured
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.pricing import PriceTable, load_prices
+from warehouse.schema import check_run_id
+
+log = logging.getLogger(__name__)
+
+RUN_PRICES_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("input_per_m", pa.float64()),
+        pa.field("cached_input_per_m", pa.float64()),
+        pa.field("output_per_m", pa.float64()),
+        pa.field("reasoning_per_m", pa.float64()),
+        pa.field("price_source", pa.string()),  # run (recorded) | session (handed in)
+    ]
+)
+
+
+def recorded_prices(config_json: str | None) -> tuple[PriceTable, str | None]:
+    """(the price table a run recorded, its endpoint) from ``runs.config``; an unreadable
+    table is logged and treated as none (its costs are unknown, never 0)."""
+    try:
+        cfg = json.loads(config_json or "{}")
+    except json.JSONDecodeError:
+        return PriceTable({}), None
+    if not isinstance(cfg, dict):
+        return PriceTable({}), None
+    model = cfg.get("model")
+    base_url = model.get("base_url") if isinstance(model, dict) else None
+    raw = cfg.get("prices")
+    if not raw:
+        return PriceTable({}), base_url if isinstance(base_url, str) else None
+    try:
+        table = load_prices(raw if isinstance(raw, dict) else None)
+    except ValueError as exc:
+        log.warning("a run's recorded price table is unreadable (its cost is unknown): %s", exc)
+        table = PriceTable({})
+    return table, base_url if isinstance(base_url, str) else None
+
+
+def run_prices(
+    runs: Iterable[tuple[str, str | None]],
+    models: Iterable[tuple[str, str | None]],
+    session: PriceTable | None = None,
+) -> pa.Table:
+    """``_run_prices``: one row per (run, model) that has a price.
+
+    `runs`: (run_id, config JSON) of each run; `models`: distinct (run_id, model) of its
+    episodes; `session`: a table that wins over the run's own where it names the model.
+    """
+    recorded = {rid: recorded_prices(cfg) for rid, cfg in runs}
+    rows: dict[str, list[Any]] = {f.name: [] for f in RUN_PRICES_SCHEMA}
+    for rid, model in models:
+        own, base_url = recorded.get(rid, (PriceTable({}), None))
+        price, source = None, None
+        if session:
+            price, source = session.lookup(model, base_url), "session"
+        if price is None:
+            price, source = own.lookup(model, base_url), "run"
+        if price is None:
+            continue
+        inp, cached, out, reasoning = price.rates()
+        for name, value in zip(
+            RUN_PRICES_SCHEMA.names,
+            (rid, model, inp, cached, out, reasoning, source),
+            strict=True,
+        ):
+            rows[name].append(value)
+    return pa.Table.from_pydict(rows, schema=RUN_PRICES_SCHEMA)
+
+
+# Cached tokens are part of the prompt and reasoning tokens part of the completion
+# (the OpenAI usage object): each is priced at its own rate and taken out of the other.
+_TURN_COST = """
+    ((t.prompt_tokens - least(coalesce(t.cached_tokens, 0), t.prompt_tokens)) * p.input_per_m
+     + least(coalesce(t.cached_tokens, 0), t.prompt_tokens) * p.cached_input_per_m
+     + (t.completion_tokens - least(coalesce(t.reasoning_tokens, 0), t.completion_tokens))
+       * p.output_per_m
+     + least(coalesce(t.reasoning_tokens, 0), t.completion_tokens) * p.reasoning_per_m
+    ) / 1e6
+"""
+
+COST_VIEWS: dict[str, str] = {
+    "turn_cost": f"""
+        SELECT t.run_id, t.episode_id, t.turn_index, e.model,
+               t.prompt_tokens, t.completion_tokens,
+               coalesce(t.cached_tokens, 0) AS cached_tokens,
+               coalesce(t.reasoning_tokens, 0) AS reasoning_tokens,
+               p.price_source,
+               {_TURN_COST} AS cost_usd
+        FROM turns t JOIN episodes e USING (run_id, episode_id)
+        LEFT JOIN _run_prices p ON p.run_id = t.run_id AND p.model = e.model
+    """,
+    # Tokens as `episode_tokens` counts them (one definition); cost from the turns. An
+    # episode with tokens but no turn rows (its turns file is lost) is unknown, not free.
+    "episode_cost": """
+        WITH t AS (
+            SELECT run_id, episode_id,
+                   count(*) FILTER (WHERE cost_usd IS NULL) AS unpriced_turns,
+                   sum(cost_usd) AS known_cost_usd
+            FROM turn_cost GROUP BY run_id, episode_id
+        )
+        SELECT k.run_id, k.episode_id, k.task_id, k.domain, k.mode, e.sample_index, k.model,
+               k.termination, k.turns, k.prompt_tokens, k.completion_tokens, k.cached_tokens,
+               k.reasoning_tokens,
+               CASE WHEN p.run_id IS NULL THEN k.turns
+                    ELSE coalesce(t.unpriced_turns, 0) END AS unpriced_turns,
+               CASE WHEN p.run_id IS NULL OR coalesce(t.unpriced_turns, 0) > 0 THEN NULL
+                    WHEN t.run_id IS NULL AND coalesce(k.total_tokens, 0) > 0 THEN NULL
+                    ELSE coalesce(t.known_cost_usd, 0.0) END AS cost_usd,
+               e.sandbox_cpu_s, e.sandbox_peak_memory_bytes
+        FROM episode_tokens k JOIN episodes e USING (run_id, episode_id)
+        LEFT JOIN t USING (run_id, episode_id)
+        LEFT JOIN _run_prices p ON p.run_id = k.run_id AND p.model = k.model
+    """,
+    "run_cost": """
+        SELECT r.run_id,
+               string_agg(DISTINCT c.model, ',' ORDER BY c.model) AS models,
+               count(c.episode_id) AS episodes,
+               coalesce(sum(c.turns), 0) AS turns,
+               coalesce(sum(c.prompt_tokens), 0) AS prompt_tokens,
+               coalesce(sum(c.completion_tokens), 0) AS completion_tokens,
+               coalesce(sum(c.cached_tokens), 0) AS cached_tokens,
+               coalesce(sum(c.reasoning_tokens), 0) AS reasoning_tokens,
+               coalesce(sum(c.unpriced_turns), 0) AS unpriced_turns,
+               count(*) FILTER (WHERE c.episode_id IS NOT NULL AND c.cost_usd IS NULL)
+                   AS unpriced_episodes,
+               CASE WHEN count(*) FILTER (WHERE c.episode_id IS NOT NULL AND c.cost_usd IS NULL) > 0
+                    THEN NULL ELSE coalesce(sum(c.cost_usd), 0.0) END AS cost_usd,
+               sum(c.cost_usd) AS known_cost_usd,
+               CASE WHEN count(*) FILTER (WHERE c.episode_id IS NOT NULL AND c.cost_usd IS NULL) > 0
+                    THEN NULL ELSE sum(c.cost_usd) / nullif(count(c.episode_id), 0)
+               END AS cost_per_episode,
+               -- the sandbox side: summed over the episodes whose backend measured it
+               count(c.sandbox_cpu_s) AS sandbox_episodes_measured,
+               sum(c.sandbox_cpu_s) AS sandbox_cpu_s,
+               max(c.sandbox_peak_memory_bytes) AS sandbox_peak_memory_bytes
+        FROM (SELECT run_id FROM runs UNION SELECT run_id FROM episodes) r
+        LEFT JOIN episode_cost c USING (run_id)
+        GROUP BY r.run_id ORDER BY r.run_id
+    """,
+}
+
+COST_VIEW_HELP: dict[str, str] = {
+    "turn_cost": "one row per turn: model, tokens and cost_usd (NULL: the model has no price)",
+    "episode_cost": "one row per episode: tokens, unpriced_turns, cost_usd (NULL: unknown), "
+    "sandbox CPU-seconds and peak memory (from its cgroup)",
+    "run_cost": "one row per run: tokens, cost_usd (NULL if any turn is unpriced), "
+    "known_cost_usd, cost_per_episode, sandbox CPU-seconds (sum) and peak memory (max)",
+}
+
+
+# The report's table: a run's cost per mode and overall (`mode` = '(all)', as analysis.metrics.ALL).
+_COST_BY_MODE = """
+    SELECT coalesce(mode, '(all)') AS mode, count(*) AS episodes, sum(turns) AS turns,
+           sum(prompt_tokens) AS prompt_tokens, sum(cached_tokens) AS cached_tokens,
+           sum(completion_tokens) AS completion_tokens, sum(reasoning_tokens) AS reasoning_tokens,
+           sum(unpriced_turns) AS unpriced_turns,
+           CASE WHEN count(cost_usd) < count(*) THEN NULL ELSE sum(cost_usd) END AS cost_usd,
+           CASE WHEN count(cost_usd) < count(*) THEN NULL ELSE sum(cost_usd) / count(*) END
+               AS cost_per_episode,
+           round(sum(sandbox_cpu_s), 2) AS sandbox_cpu_s,
+           round(max(sandbox_peak_memory_bytes) / 1048576, 1) AS sandbox_peak_mib
+    FROM episode_cost WHERE run_id = '{run_id}'
+    GROUP BY ROLLUP (mode) ORDER BY mode NULLS LAST
+"""
+
+
+def cost_by_mode(q: Any, run_id: str) -> list[dict[str, Any]]:
+    """One row per mode and one for the whole run (`mode` '(all)'); cost_usd None: unknown.
+    `q` is a warehouse.query.WarehouseQuery."""
+    rel = q.execute(_COST_BY_MODE.format(run_id=check_run_id(run_id)))  # a safe alphabet
+    cols = [d[0] for d in rel.description]
+    return [dict(zip(cols, row, strict=True)) for row in rel.fetchall()]
