@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -204,15 +204,8 @@ class ExportStats:
     token_mismatches: list[str] = field(default_factory=list)  # "episode_id: why"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "exported": self.exported,
-            "skipped_infra": self.skipped_infra,
-            "skipped_unscored": self.skipped_unscored,
-            "dropped_overlong": self.dropped_overlong,
-            "masked_overlong": self.masked_overlong,
-            "token_rows": self.token_rows,
-            "token_mismatches": len(self.token_mismatches),
-        }
+        """Every count, in field order; the token mismatches counted (their text stays here)."""
+        return {**asdict(self), "token_mismatches": len(self.token_mismatches)}
 
 
 def _scored_episodes(data: RunData, stats: ExportStats) -> list[EpisodeRecord]:
@@ -262,12 +255,7 @@ def trajectory_rows(
             stats.masked_overlong += 1
         rows.append(
             {
-                "run_id": e.run_id,
-                "episode_id": e.episode_id,
-                "task_id": e.task_id,
-                "domain": e.domain,
-                "mode": e.mode,
-                "sample_index": e.sample_index,
+                **e.identity(),
                 "model": e.model,
                 "messages": msgs,
                 "loss_mask": mask,

@@ -26,7 +26,6 @@ from typing import Any
 
 from interop.common import (
     drop_none,
-    identity,
     iso,
     outcome,
     parse_arguments,
@@ -163,7 +162,7 @@ def trajectory(ep: Episode, run: dict[str, Any], summary: Summary) -> dict[str, 
         },
         "extra": drop_none(
             {
-                **identity(e),
+                **e.identity(),
                 "write_id": ep.write_id,
                 "dataset": run.get("dataset"),
                 "dataset_hash": run.get("dataset_hash"),

@@ -46,18 +46,6 @@ def drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
-def identity(e: Any) -> dict[str, Any]:
-    """Which episode this is (every format carries these)."""
-    return {
-        "run_id": e.run_id,
-        "episode_id": e.episode_id,
-        "task_id": e.task_id,
-        "domain": e.domain,
-        "mode": e.mode,
-        "sample_index": e.sample_index,
-    }
-
-
 def verdict(ep: Any) -> dict[str, Any]:
     """How the episode ended and how it was judged (`ep`: an interop.source.Episode)."""
     e, s = ep.record, ep.score

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.rollouts import MESSAGE, episode_messages
-from interop.common import identity, iso, outcome, sandflow_version, verdict
+from interop.common import iso, outcome, sandflow_version, verdict
 from interop.names import inside, prepare_out, write_text
 from interop.source import Episode, RunSource, batch_size
 from interop.summary import Summary
@@ -102,7 +102,7 @@ def episode_row(ep: Episode, summary: Summary) -> dict[str, Any]:
     if any(t.egress for t in turns):
         summary.lose(NO_EGRESS)
     return {
-        **identity(e),
+        **e.identity(),
         "model": e.model,
         "started_at": e.started_at,
         "ended_at": e.ended_at,

@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from interop.common import identity, iso, outcome, parse_arguments, sandflow_version, text_of
+from interop.common import iso, outcome, parse_arguments, sandflow_version, text_of
 from interop.names import atomic_open, prepare_out, safe_name
 from interop.source import Episode, RunSource, quote
 from interop.summary import Summary
@@ -141,7 +141,7 @@ def sample(ep: Episode, summary: Summary) -> tuple[dict[str, Any], dict[str, Any
                 "metadata": {"passed": s.passed, "verifier": s.verifier},
             }
         }
-    metadata = {**identity(e), "termination": e.termination, "answer_source": e.answer_source}
+    metadata = {**e.identity(), "termination": e.termination, "answer_source": e.answer_source}
     common: dict[str, Any] = {
         "id": e.task_id,
         "epoch": e.sample_index + 1,

@@ -179,6 +179,17 @@ def _run(cmd: list[str], **kw: object) -> None:
         )
 
 
+def _install_rootfs(tmp: Path, target: Path, spec: ImageSpec) -> None:
+    """A finished root filesystem in `tmp` becomes `target`, the same whichever way it was
+    built: a resolv.conf placeholder (it keeps bind-mounting one possible in the bubblewrap
+    backend), the completion marker, then the rename (a half-built tree is never `target`)."""
+    (tmp / "etc" / "resolv.conf").write_text("")
+    (tmp / ".sandflow-complete").write_text(spec.content_hash + "\n")
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+
+
 def build_rootfs(spec: ImageSpec = DEFAULT_SPEC, *, force: bool = False, log=print) -> Path:
     """Debootstrap a minbase Debian with the content list; reuse it when already complete."""
     target = rootfs_path(spec)
@@ -222,12 +233,7 @@ def build_rootfs(spec: ImageSpec = DEFAULT_SPEC, *, force: bool = False, log=pri
                 "apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin",
             ]
         )
-        # A resolv.conf placeholder keeps bind-mounting one possible in the bubblewrap backend.
-        (tmp / "etc" / "resolv.conf").write_text("")
-        (tmp / ".sandflow-complete").write_text(spec.content_hash + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        _install_rootfs(tmp, target, spec)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -344,12 +350,8 @@ def export_rootfs(spec: ImageSpec = DEFAULT_SPEC, *, log=print) -> Path:
         exp.wait()
         if exp.returncode != 0 or untar.returncode != 0:
             raise ImageBuildError(f"exporting {spec.tag} failed: {untar.stderr.strip()[-1000:]}")
-        (tmp / "etc" / "resolv.conf").unlink(missing_ok=True)
-        (tmp / "etc" / "resolv.conf").write_text("")
-        (tmp / ".sandflow-complete").write_text(spec.content_hash + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        (tmp / "etc" / "resolv.conf").unlink(missing_ok=True)  # the image's may be a link
+        _install_rootfs(tmp, target, spec)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

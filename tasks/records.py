@@ -155,6 +155,18 @@ class EpisodeRecord(BaseModel):
     def is_infra_failure(self) -> bool:
         return self.termination in INFRA_TERMINATIONS
 
+    def identity(self) -> dict[str, Any]:
+        """Which episode this is: the keys every export row and every format carries
+        (RL rows, Hugging Face rows, ATIF, Inspect logs), in this order."""
+        return {
+            "run_id": self.run_id,
+            "episode_id": self.episode_id,
+            "task_id": self.task_id,
+            "domain": self.domain,
+            "mode": self.mode,
+            "sample_index": self.sample_index,
+        }
+
     def with_totals(self, turns: list[TurnRecord], *, only_missing: bool = False) -> EpisodeRecord:
         """This record with its totals taken from `turns` (see `episode_totals`).
 

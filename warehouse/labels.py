@@ -14,7 +14,7 @@ that do not know it) are stale when scored before the episode's current row was 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,26 @@ def _one_run(rows: list[Any], what: str) -> str:
     return check_run_id(runs.pop())
 
 
+def _write_batch(
+    layout: Layout,
+    table: str,
+    items: list[Any],
+    row: Callable[[Any], dict[str, Any]],
+    *,
+    stamp: tuple[str, datetime | None],
+) -> Path:
+    """One run's label rows as a new batch file of `table` (`row`: an item's columns, its
+    model's own fields where they are stored as they are): every row carries the batch id
+    and the time in the column `stamp` names (given, or now). Scores and usage labels are
+    both written so; the views keep the newest batch."""
+    run_id = _one_run(items, table)
+    batch_id = new_id()
+    column, at = stamp
+    ts = utc(at) or now_utc()
+    rows = [{**row(r), "batch_id": batch_id, column: ts} for r in items]
+    return write_parquet_atomic(rows_table(table, rows), layout.batch_file(table, run_id, batch_id))
+
+
 def write_scores(
     layout: Layout,
     rows: Iterable[ScoreRow | Mapping[str, Any]],
@@ -94,32 +114,19 @@ def write_scores(
     items: list[ScoreRow] = _coerce(ScoreRow, rows, "scores")
     if not items:
         return None
-    run_id = _one_run(items, "scores")
-    batch_id = new_id()
-    ts = utc(scored_at) or now_utc()
-    table = rows_table(
+    return _write_batch(
+        layout,
         "scores",
-        [
-            {
-                "run_id": r.run_id,
-                "episode_id": r.episode_id,
-                "verifier": r.verifier,
-                "score": r.score,
-                "passed": r.passed,
-                "reason": r.reason,
-                "answer": r.answer,
-                "ground_truth": None
-                if r.ground_truth is None
-                else (r.ground_truth if isinstance(r.ground_truth, str) else dumps(r.ground_truth)),
-                "details": dumps(scrub(r.details)) if r.details else None,
-                "batch_id": batch_id,
-                "scored_at": ts,
-                "episode_write_id": r.episode_write_id,
-            }
-            for r in items
-        ],
+        items,
+        lambda r: {
+            **r.model_dump(exclude={"ground_truth", "details"}),
+            "ground_truth": None
+            if r.ground_truth is None
+            else (r.ground_truth if isinstance(r.ground_truth, str) else dumps(r.ground_truth)),
+            "details": dumps(scrub(r.details)) if r.details else None,
+        },
+        stamp=("scored_at", scored_at),
     )
-    return write_parquet_atomic(table, layout.batch_file("scores", run_id, batch_id))
 
 
 def write_usage(
@@ -137,25 +144,10 @@ def write_usage(
             raise ValueError(
                 f"usage row {i}: capability {r.capability!r} is not one of {', '.join(CAPABILITIES)}"
             )
-    run_id = _one_run(items, "usage")
-    batch_id = new_id()
-    ts = utc(labeled_at) or now_utc()
-    table = rows_table(
+    return _write_batch(
+        layout,
         "usage",
-        [
-            {
-                "run_id": r.run_id,
-                "episode_id": r.episode_id,
-                "turn_index": r.turn_index,
-                "call_index": r.call_index,
-                "capability": r.capability,
-                "tool": r.tool,
-                "detail": r.detail,
-                "labeler": r.labeler,
-                "batch_id": batch_id,
-                "labeled_at": ts,
-            }
-            for r in items
-        ],
+        items,
+        lambda r: r.model_dump(),
+        stamp=("labeled_at", labeled_at),
     )
-    return write_parquet_atomic(table, layout.batch_file("usage", run_id, batch_id))

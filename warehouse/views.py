@@ -65,6 +65,16 @@ _STALE_SCORE = """
         ELSE coalesce(s.scored_at < e.written_at, false) END
 """
 
+
+def _newest_batch(raw: str, labeller: str) -> str:
+    """A label table (scores, usage) as it stands: per episode and `labeller` column, only
+    the rows of the newest batch (re-scoring or re-labelling replaces a batch, never adds)."""
+    return f"""
+        SELECT * FROM {raw}
+        QUALIFY batch_id = max(batch_id) OVER (PARTITION BY run_id, episode_id, {labeller})
+    """
+
+
 # The current state (re-records and re-scores resolved) and the common questions.
 BASE_VIEWS: tuple[View, ...] = (
     View(
@@ -94,10 +104,7 @@ BASE_VIEWS: tuple[View, ...] = (
     # episode has since been re-recorded over (see _STALE_SCORE).
     View(
         "_scores_newest",
-        sql="""
-        SELECT * FROM _raw_scores
-        QUALIFY batch_id = max(batch_id) OVER (PARTITION BY run_id, episode_id, verifier)
-    """,
+        sql=_newest_batch("_raw_scores", "verifier"),
     ),
     View(
         "scores",
@@ -130,10 +137,7 @@ BASE_VIEWS: tuple[View, ...] = (
     View(
         "usage",
         help="capability labels per tool call (newest batch per episode x labeler)",
-        sql="""
-        SELECT * FROM _raw_usage
-        QUALIFY batch_id = max(batch_id) OVER (PARTITION BY run_id, episode_id, labeler)
-    """,
+        sql=_newest_batch("_raw_usage", "labeler"),
     ),
     # built by the session from the files themselves (warehouse/query.py)
     View(

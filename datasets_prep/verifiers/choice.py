@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from datasets_prep.verifiers.base import (
@@ -103,30 +104,35 @@ def _gold_multi(ground_truth: Any, task: Task | None) -> None:
     _gold_choice(ground_truth, task, single=False)
 
 
-@register("choice_single", "one option letter, exact match", gold=_gold_single, any_of=False)
-def choice_single(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+def _choice(
+    answer: Any,
+    ground_truth: Any,
+    task: Task | None,
+    *,
+    none_found: str,
+    judge: Callable[[set[str], set[str]], VerifierResult],
+) -> VerifierResult:
+    """Both choice verifiers: the gold and the chosen letters read alike, then `judge`
+    (gold, chosen) scores them; an empty answer or one naming no readable option letter
+    scores 0 (`none_found` says so)."""
     gold = gold_letters(ground_truth)
     text = as_text(answer)
     if text is None:
         return result(0, "empty answer")
     got = letters_in(text, _valid_letters(task))
     if got is None:
-        return result(0, "no option letter found in the answer")
+        return result(0, none_found)
+    return judge(gold, got)
+
+
+def _exactly_one(gold: set[str], got: set[str]) -> VerifierResult:
     if len(got) > 1:
         return result(0, f"gave {len(got)} options ({','.join(sorted(got))}) where one is expected")
     ok = got == gold
     return result(1 if ok else 0, f"chose {next(iter(got))}, expected {','.join(sorted(gold))}", chosen=sorted(got))
 
 
-@register("choice_multi", "a set of option letters, F1 against the gold set", gold=_gold_multi, any_of=False)
-def choice_multi(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
-    gold = gold_letters(ground_truth)
-    text = as_text(answer)
-    if text is None:
-        return result(0, "empty answer")
-    got = letters_in(text, _valid_letters(task))
-    if got is None:
-        return result(0, "no option letters found in the answer")
+def _f1(gold: set[str], got: set[str]) -> VerifierResult:
     tp = len(got & gold)
     if tp == 0:
         return result(0, f"chose {','.join(sorted(got))}, expected {','.join(sorted(gold))}: none right")
@@ -139,3 +145,13 @@ def choice_multi(answer: Any, ground_truth: Any, task: Task | None = None) -> Ve
         precision=p,
         recall=r,
     )
+
+
+@register("choice_single", "one option letter, exact match", gold=_gold_single, any_of=False)
+def choice_single(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+    return _choice(answer, ground_truth, task, none_found="no option letter found in the answer", judge=_exactly_one)
+
+
+@register("choice_multi", "a set of option letters, F1 against the gold set", gold=_gold_multi, any_of=False)
+def choice_multi(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+    return _choice(answer, ground_truth, task, none_found="no option letters found in the answer", judge=_f1)

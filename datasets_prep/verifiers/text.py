@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import string
 import unicodedata
+from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -36,12 +37,24 @@ def _gold_text(ground_truth: Any, task: Task | None) -> None:
     _golds(ground_truth)
 
 
-@register("exact", "normalised string match (case, punctuation, articles ignored); a list means any of", gold=_gold_text)
-def exact(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+def _against_golds(
+    answer: Any, ground_truth: Any, judge: Callable[[str, list[str]], VerifierResult]
+) -> VerifierResult:
+    """exact and rouge alike: the references read first (a bad one is the task's error, not
+    the answer's), an empty answer scores 0, else `judge`(answer text, references)."""
     golds = _golds(ground_truth)
     text = as_text(answer)
     if text is None:
         return result(0, "empty answer")
+    return judge(text, golds)
+
+
+@register("exact", "normalised string match (case, punctuation, articles ignored); a list means any of", gold=_gold_text)
+def exact(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+    return _against_golds(answer, ground_truth, _exact_match)
+
+
+def _exact_match(text: str, golds: list[str]) -> VerifierResult:
     wanted = {normalize(g) for g in golds}
     for cand in (text, final_answer(text)):
         if normalize(cand) in wanted:
@@ -59,10 +72,10 @@ def _scorer() -> Any:
 
 @register("rouge", "ROUGE-L F1 against the reference text (stemmed)", gold=_gold_text)
 def rouge(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
-    golds = _golds(ground_truth)
-    text = as_text(answer)
-    if text is None:
-        return result(0, "empty answer")
+    return _against_golds(answer, ground_truth, _rouge_l)
+
+
+def _rouge_l(text: str, golds: list[str]) -> VerifierResult:
     best = max(_scorer().score(g, text)["rougeL"].fmeasure for g in golds)
     return result(best, f"ROUGE-L F1 {best:.3f}", rouge_l=best)
 

@@ -9,6 +9,8 @@ that is not the peer's output or an RL set, a malformed field: one sentence nami
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -44,6 +46,16 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
     return (WarehouseError, PeerFormatError, RLSetError, OutputPathError, ValueError)
 
 
+@contextmanager
+def _bad_input() -> Iterator[None]:
+    """The library's bad-input errors (an unknown run or episode, a folder of the wrong
+    kind, a malformed field) become their one sentence and exit 2, with no traceback."""
+    try:
+        yield
+    except _bad_input_errors() as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+
+
 export_app = typer.Typer(
     name="export",
     help="Write a run for other tools: ATIF trajectories (Harbor), Inspect AI eval logs, Hugging Face datasets.",
@@ -75,10 +87,8 @@ def export_atif_cmd(
     """
     from interop.atif import export_atif
 
-    try:
+    with _bad_input():
         summary = export_atif(_root(warehouse), run, out, episode_id=episode)
-    except _bad_input_errors() as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
     _report(summary)
 
 
@@ -96,10 +106,8 @@ def export_inspect_cmd(
     """
     from interop.inspect_log import export_inspect
 
-    try:
+    with _bad_input():
         summary = export_inspect(_root(warehouse), run, out)
-    except _bad_input_errors() as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
     _report(summary)
 
 
@@ -123,7 +131,7 @@ def export_hf_cmd(
     """
     from interop.hf import HubError, export_hf_rlset, export_hf_run, is_rlset, push_to_hub
 
-    try:
+    with _bad_input():
         if Path(source).is_dir():
             if not is_rlset(source):
                 raise fail(
@@ -134,8 +142,6 @@ def export_hf_cmd(
             summary = export_hf_rlset(source, out)
         else:
             summary = export_hf_run(_root(warehouse), source, out)
-    except _bad_input_errors() as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
     _report(summary)
     if push:
         try:
@@ -171,10 +177,8 @@ def import_peer_cmd(
             ts = load_taskset(tasks)
         except Exception as exc:  # the loader's errors name the file/row; one sentence
             raise fail(f"--tasks {tasks}: {exc}", EXIT_USAGE) from None
-    try:
+    with _bad_input():
         summary = import_peer(_root(warehouse), folder, run_id=run_id, tasks=ts)
-    except _bad_input_errors() as exc:
-        raise fail(str(exc), EXIT_USAGE) from None
     _report(summary)
     x = summary.extra
     console().print(

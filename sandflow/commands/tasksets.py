@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,18 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from datasets_prep.verifiers.base import VerifierError
 
     return (TaskValidationError, TaskSetIOError, SourceError, SourceMissing, UnknownSuite, VerifierError, ValueError)
+
+
+@contextmanager
+def _task_errors() -> Iterator[None]:
+    """A task id the set does not have (KeyError, whose message is the sentence) or a
+    task-set, source or verifier error: one sentence, exit 2, no traceback."""
+    try:
+        yield
+    except KeyError as e:
+        _fail(str(e.args[0]))
+    except _known_errors() as e:
+        _fail(str(e))
 
 
 @tasks_app.command("suites")
@@ -173,15 +187,9 @@ def show_cmd(
     from sandflow.console import fits
 
     console = _console()
-    try:
+    with _task_errors():
         ts = read_taskset(file)
         chosen = [ts.by_id(task_id)] if task_id else ts.tasks[:n]
-    except KeyError as e:
-        _fail(str(e.args[0]))
-        return
-    except _known_errors() as e:
-        _fail(str(e))
-        return
     console.print(summary_table(ts))
     for t in chosen:
         prompt = t.problem_statement if full else _clip(t.problem_statement, 300)
@@ -230,18 +238,12 @@ def score_cmd(
     from datasets_prep.verifiers import choose, score
     from sandflow.config import load_settings
 
-    try:
+    with _task_errors():
         ts = read_taskset(file)
         task = ts.by_id(task_id)
         text = Path(answer[1:]).read_text(encoding="utf-8") if answer.startswith("@") else answer
         judge = load_settings().judge_endpoint() if verifier == "judge" else None
         r = score(task, text, verifier, judge=judge)
-    except KeyError as e:
-        _fail(str(e.args[0]))
-        return
-    except _known_errors() as e:
-        _fail(str(e))
-        return
     color = "green" if r.score >= 1 else ("yellow" if r.score > 0 else "red")
     _console().print(f"[bold {color}]{r.score:.3f}[/]  {r.verifier or choose(task)}: {r.reason}")
 

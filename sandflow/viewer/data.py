@@ -46,6 +46,12 @@ def _placeholders(n: int) -> str:
     return ", ".join("?" for _ in range(n))
 
 
+def _total(page: list[dict[str, Any]]) -> int:
+    """The rows on all pages of a paged query: every paged query counts them in a column
+    `total` (`count(*) OVER ()`, taken before LIMIT/OFFSET); an empty page: 0."""
+    return int(page[0]["total"]) if page else 0
+
+
 @dataclass
 class EpisodeFilter:
     """The run page's filters (all optional); `from_query` ignores unknown values."""
@@ -168,7 +174,7 @@ def runs(
         [limit, offset],
     )
     rows = res.rows
-    total = int(rows[0]["total"]) if rows else 0
+    total = _total(rows)
     if rows:
         ids = [r["run_id"] for r in rows]
         acc = lw.fetch(
@@ -277,7 +283,7 @@ def episodes(
         [run_id, run_id, *params, EPISODES_PER_PAGE, max(0, page) * EPISODES_PER_PAGE],
     )
     rows = res.rows
-    total = int(rows[0]["total"]) if rows else 0
+    total = _total(rows)
     if rows:
         ids = [r["episode_id"] for r in rows]
         caps = lw.fetch(
@@ -513,7 +519,7 @@ def compare_runs(
         )
         or {}
     )
-    total = int(rows[0]["total"]) if rows else 0
+    total = _total(rows)
     stats = {k: int(v or 0) for k, v in counts.items()}
     stats["shown_total"] = total
     return rows, stats
