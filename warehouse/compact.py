@@ -34,11 +34,12 @@ from pathlib import Path
 import duckdb
 
 from warehouse.badfiles import prime, verify_and_remember
+from warehouse.duck import open_duckdb
 from warehouse.layout import FileId, Layout, Manifest, fsync_dir, new_id
 from warehouse.query import projected_source
 from warehouse.schema import META_PROMPT_DELTAS, file_metadata, schema_for
 from warehouse.tempfiles import DUCKDB_TMP_PREFIX
-from warehouse.validate import BadFile, FileInfo, validate_files
+from warehouse.validate import BadFile, FileInfo, changed_since, validate_files
 
 # Turns carry ~2 KB of text each: 8,192 rows (~20 MB) a row group, so reading one episode's
 # turns (the viewer's episode page) decompresses one small row group (~0.1 s instead of ~1 s
@@ -155,15 +156,12 @@ def compact_run(
         # What a compaction or writer killed mid-write left behind (invisible, but on disk).
         result.removed_temps = layout.remove_dead_temps(run_id, compaction_locked=True)
         tmp_dir = lock_dir / f"{DUCKDB_TMP_PREFIX}{new_id()}"  # spill files: this run's, removable
-        con = duckdb.connect(":memory:")
+        con = open_duckdb(threads=threads)
         try:
             con.execute(f"SET memory_limit = '{memory_limit}'")
             con.execute(f"SET temp_directory = '{tmp_dir}'")
             # Keeps the fast path's episode order (files are read in the order listed).
             con.execute("SET preserve_insertion_order = true")
-            con.execute("SET enable_progress_bar = false")
-            if threads:
-                con.execute(f"SET threads = {int(threads)}")
             _compact_run(layout, run_id, con, result)
             result.pending_deletes = sum(
                 len(Manifest.read(layout.part_dir(t, run_id)).replaces) for t in COMPACT_TABLES
@@ -211,19 +209,32 @@ def _compact_run(
         good_info, bad = validate_files(files, table)
         result.skipped_bad.extend(bad)
         merged = None
-        for _ in range(2):
+        for _ in range(3):
             if not good_info:
                 break
             try:
                 merged = _merge(con, table, part, good_info, kept)
-                break
             except duckdb.Error as exc:
                 good_info = _without_corrupt(layout.root, good_info, table, exc, result)
+                continue
+            moved = set(changed_since(good_info))
+            if not moved:
+                break
+            # Renamed over by a re-record while merged (maybe read half old, half new):
+            # merge again without them; they stay visible, the newer write.
+            (part / merged[0]).unlink(missing_ok=True)
+            merged = None
+            good_info = [i for i in good_info if i.path not in moved]
         if merged is None:
             continue
         name, count = merged
         good = [g.path for g in good_info]
-        ids = [i for i in (_identity(p) for p in good) if i is not None]
+        # the versions merged (validation's), not whatever is at their names by now
+        ids: list[FileId] = []
+        for g in good_info:
+            fid = (g.path.name, g.key[3], g.key[2]) if g.key else _identity(g.path)
+            if fid is not None:
+                ids.append(fid)
         result.files_before[table] = len(good)
         result.rows_after[table] = count
         old = Manifest.read(part)
@@ -270,12 +281,16 @@ def _without_corrupt(
     exc: duckdb.Error,
     result: CompactionResult | None,
 ) -> list[FileInfo]:
-    """`infos` minus the files whose data pages do not decode; re-raise `exc` if none.
+    """`infos` minus the files whose data pages do not decode (or that a re-record
+    renamed over while they were read); re-raise `exc` if none.
 
     Header and footer were checked already; a file whose pages are corrupt fails only
     when DuckDB reads it, with an error that need not name it. Such files are left out
     of the merge (and stay on disk, visible as bad files), never deleted.
     """
+    moved = set(changed_since(infos))
+    if moved:  # renamed over by a re-record mid-read, not corrupt: leave them to the views
+        return [i for i in infos if i.path not in moved]
     bad = verify_and_remember(root, [i.path for i in infos], table)
     if not bad:
         raise exc

@@ -37,6 +37,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ from tasks.pricing import PriceTable
 from warehouse.badfiles import prime, remember
 from warehouse.cost import run_prices
 from warehouse.digest import DIGESTED_TABLES, plan_partition
+from warehouse.duck import open_duckdb
 from warehouse.journal import is_live, read_journal
 from warehouse.layout import Layout
 from warehouse.recovery import recovered_journals
@@ -57,6 +59,7 @@ from warehouse.validate import (
     BadFile,
     FileInfo,
     FilesVanished,
+    changed_since,
     known_bad,
     named_in,
     quarantine,
@@ -288,14 +291,11 @@ class WarehouseQuery:
         self._arrow_tables: dict[str, pa.Table] = {}  # what the Arrow views read
         self._remove_unused_digests = digests and self.layout.readers_idle()
         self._readers_lock = self.layout.hold_readers_lock()
-        self.con = duckdb.connect(":memory:")
-        if threads:
-            self.con.execute(f"SET threads = {int(threads)}")
+        self.con = open_duckdb(threads=threads)
         if memory_limit:
             self.con.execute(f"SET memory_limit = {_sql_str(memory_limit)}")
-        self.con.execute("SET enable_progress_bar = false")
         with contextlib.suppress(duckdb.Error):  # older DuckDB: no such setting
-            self.con.execute("SET parquet_metadata_cache = true")
+            self.con.execute("SET parquet_metadata_cache = false")
         self.snapshot = Snapshot()
         try:
             self.refresh()
@@ -318,12 +318,14 @@ class WarehouseQuery:
         """Re-list and re-validate the files and recreate the views.
 
         Creating a view reads the files' schemas; if a concurrent compaction deleted a
-        listed file meanwhile, list again (the new listing no longer names it).
+        listed file meanwhile, or a re-record renamed a new one over it, list again (the
+        new listing no longer names it / names the new version).
         """
         for attempt in range(5):
             try:
                 return self._build()
             except FilesVanished:
+                time.sleep(0.01 * attempt)  # let a burst of writes pass
                 continue
             except duckdb.Error as exc:
                 if isinstance(exc, duckdb.IOException) and _vanished(exc) and attempt < 4:
@@ -338,7 +340,7 @@ class WarehouseQuery:
                 ) from None
         raise WarehouseQueryError(
             f"{self.layout.root}: files kept changing while the views were built "
-            "(a compaction loop?); try again"
+            "(a compaction or re-record loop?); try again"
         )
 
     def _build(self) -> Snapshot:
@@ -390,8 +392,7 @@ class WarehouseQuery:
         if not self.digests or table not in DIGESTED_TABLES:
             return self.layout.table_files(table, self.run_id), []
         if self._digest_con is None:
-            self._digest_con = duckdb.connect(":memory:")
-            self._digest_con.execute("SET enable_progress_bar = false")
+            self._digest_con = open_duckdb()
         files: list[Path] = []
         digested: list[tuple[FileInfo, list[str]]] = []
         runs = [self.run_id] if self.run_id else self.layout.run_ids(table)
@@ -424,18 +425,69 @@ class WarehouseQuery:
             digested += plan.digests
         return files, digested
 
-    def _source(self, table: str, infos: list[FileInfo]) -> str:
+    def _source(self, table: str, infos: list[FileInfo], with_filename: bool = False) -> str:
         """projected_source, with each digest limited to the files it still serves."""
         plain = [f for f in infos if f.path not in self._digest_sources]
-        parts = [projected_source(table, plain)] if plain else []
+        parts = [projected_source(table, plain, with_filename)] if plain else []
         for f in infos:
             if f.path in self._digest_sources:
-                src = projected_source(table, [f])
+                src = projected_source(table, [f], with_filename)
                 leave_out = self._digest_sources[f.path]
                 if leave_out:
                     src += f" WHERE _digest_file NOT IN ({', '.join(map(_sql_str, leave_out))})"
                 parts.append(src)
         return " UNION ALL ".join(parts)
+
+    def _pin(self, table: str, pinned: str, infos: list[FileInfo], good: list[FileInfo]) -> None:
+        """Read `infos` (files rewritten in place) into the temp table `pinned`, each file
+        one whole version.
+
+        DuckDB opens a file by its path more than once per query (footer at bind, pages
+        at scan), so a re-record renaming a new file over one in between is read half
+        old, half new: an error ("TProtocolException: Invalid data") or mixed rows. Files
+        whose version changed since validation are read again, alone (a window of a few
+        milliseconds), until none changed; `good` gets their new versions.
+        """
+        src = self._source(table, infos, with_filename=True)
+        try:
+            self.con.execute(f"CREATE OR REPLACE TEMP TABLE {pinned} AS {src}")
+            self.con.execute(f"ALTER TABLE {pinned} RENAME COLUMN filename TO _pinned_from")
+            stale = set(changed_since(infos))
+        except duckdb.Error as exc:
+            if not changed_since(infos):
+                raise
+            log.debug("warehouse: %s rewritten while read (%s): read again", table, exc)
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP TABLE {pinned} AS "
+                f"SELECT *, NULL::VARCHAR AS _pinned_from FROM _empty_{table}"
+            )
+            digests = [i for i in infos if i.path in self._digest_sources]  # never rewritten
+            if digests:
+                self.con.execute(
+                    f"INSERT INTO {pinned} {self._source(table, digests, with_filename=True)}"
+                )
+            stale = {i.path for i in infos if i.path not in self._digest_sources}
+        for _ in range(50):
+            if not stale:
+                return
+            self.con.execute(
+                f"DELETE FROM {pinned} WHERE _pinned_from IN "
+                f"({', '.join(_sql_str(str(p)) for p in stale)})"
+            )
+            fresh, bad = validate_files(sorted(stale), table, strict=True)
+            if bad:  # now a bad file: a full rebuild reports it the usual way
+                raise FilesVanished(f"{table}: {bad[0]}")
+            good[:] = [g for g in good if g.path not in stale] + fresh
+            try:
+                self.con.execute(
+                    f"INSERT INTO {pinned} {projected_source(table, fresh, with_filename=True)}"
+                )
+            except duckdb.Error:
+                if not changed_since(fresh):
+                    raise
+                continue  # rewritten again mid-read: still stale
+            stale = set(changed_since(fresh))
+        raise FilesVanished(f"{table} kept being rewritten while read")
 
     def _create_raw_view(self, table: str, good: list[FileInfo]) -> None:
         """``_raw_<table>``: every good file, projected onto the current schema.
@@ -452,10 +504,8 @@ class WarehouseQuery:
             # These names are rewritten in place (a re-record, finish_run): read them now,
             # so every later query sees this snapshot, the one the turns were chosen from.
             pinned = f"_pinned_{table}"
-            self.con.execute(
-                f"CREATE OR REPLACE TEMP TABLE {pinned} AS {self._source(table, reused)}"
-            )
-            parts.append(f"SELECT * FROM {pinned}")
+            self._pin(table, pinned, reused, good)
+            parts.append(f"SELECT * EXCLUDE (_pinned_from) FROM {pinned}")
             # by name, not `f not in reused`: a list scan per file was quadratic (minutes
             # on 20,000 episode files)
             good = [f for f in good if f.path.name.startswith("compacted-")]

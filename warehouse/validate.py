@@ -29,13 +29,14 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from warehouse.duck import open_duckdb
 from warehouse.schema import (
     KEY_COLUMNS,
     META_COLUMNS,
@@ -65,6 +66,9 @@ class FileInfo:
     columns: tuple[str, ...]
     schema_version: int
     prompt_deltas: bool = False  # turns: prompt ids stored as deltas (schema.META_PROMPT_DELTAS)
+    # The version of the file that was judged (path, size, mtime_ns, inode): a reader
+    # compares it after reading a file that can be renamed over (see changed_since).
+    key: tuple[str, int, int, int] | None = field(default=None, compare=False)
 
 
 class FilesVanished(RuntimeError):
@@ -107,7 +111,7 @@ def _magic(path: Path, key: _Key | None = None) -> tuple[_Key | None, str | None
     return key, None
 
 
-def _judge(path: Path, table: str, kv: dict[bytes, bytes]) -> FileInfo | str:
+def _judge(path: Path, table: str, kv: dict[bytes, bytes], key: _Key) -> FileInfo | str:
     tag = kv.get(META_TABLE)
     if tag is None:
         try:
@@ -140,7 +144,17 @@ def _judge(path: Path, table: str, kv: dict[bytes, bytes]) -> FileInfo | str:
         columns=columns,
         schema_version=version,
         prompt_deltas=kv.get(META_PROMPT_DELTAS) == b"1",
+        key=key,
     )
+
+
+def changed_since(infos: list[FileInfo]) -> list[Path]:
+    """The files of `infos` that are no longer the version validation judged (renamed
+    over by a re-record, or deleted). DuckDB opens a file by its path more than once per
+    query (its footer at bind, its pages at scan), so a file renamed over meanwhile is
+    read half old, half new: an error such as "TProtocolException: Invalid data", or
+    rows that mix two versions. A reader that finds a changed file reads again."""
+    return [i.path for i in infos if i.key is not None and file_key(i.path) != i.key]
 
 
 def _kv_pyarrow(path: Path) -> dict[bytes, bytes] | str:
@@ -157,7 +171,7 @@ def _kv_many(paths: list[Path]) -> dict[Path, dict[bytes, bytes] | str]:
     out: dict[Path, dict[bytes, bytes] | str] = {p: {} for p in paths}
     if len(paths) < 100:  # measured: pyarrow file by file wins below ~150 files (no DuckDB start)
         return {p: _kv_pyarrow(p) for p in paths}
-    con = duckdb.connect(":memory:")
+    con = open_duckdb()
     try:
         lst = "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
         rows = con.execute(
@@ -207,7 +221,7 @@ def validate_files(
         kvs = _kv_many([p for p, _ in todo])
         for p, key in todo:
             kv = kvs[p]
-            res: FileInfo | str = kv if isinstance(kv, str) else _judge(p, table, kv)
+            res: FileInfo | str = kv if isinstance(kv, str) else _judge(p, table, kv, key)
             results[p] = res
             if res != _VANISHED:
                 _remember(key, res)
@@ -273,9 +287,7 @@ def _verifier_connection() -> duckdb.DuckDBPyConnection:
     file, and `warehouse check` reads tens of thousands of them."""
     con = getattr(_verifier, "con", None)
     if con is None:
-        con = duckdb.connect(":memory:")
-        con.execute("SET threads = 1")
-        con.execute("SET enable_progress_bar = false")
+        con = open_duckdb(threads=1)
         _verifier.con = con
     return con
 
