@@ -36,13 +36,32 @@ ENGINE2_SCRIPT = REPO / "scripts" / "engine2.sh"
 FIRST_ENGINE = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
-def engine2(verb: str, timeout: float = 900) -> str:
-    """Run `scripts/engine2.sh VERB`; returns the DOCKER_HOST it prints (start, status)."""
-    r = subprocess.run(["bash", str(ENGINE2_SCRIPT), verb], capture_output=True, text=True, timeout=timeout)
+def engine2(verb: str, env: dict[str, str] | None = None, timeout: float = 900) -> str:
+    """Run `scripts/engine2.sh VERB` (its SANDFLOW_ENGINE2_* settings in `env`); returns
+    the DOCKER_HOST it prints (start, status)."""
+    r = subprocess.run(
+        ["bash", str(ENGINE2_SCRIPT), verb], env=dict(os.environ, **(env or {})),
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
     if r.returncode != 0:
         raise RuntimeError(f"scripts/engine2.sh {verb} failed (exit {r.returncode}): {r.stderr[-2000:]}")
     lines = r.stdout.strip().splitlines()
     return lines[-1] if lines else ""
+
+
+def session_engine2_env(tag: str) -> dict[str, str]:
+    """Settings for a second engine of this process alone (its own directory, bridge and
+    /24), so that two test sessions on one machine never share or remove each other's."""
+    routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
+    for third in [*range(os.getpid() % 200 + 20, 250), *range(20, 250)]:
+        net = f"10.213.{third}."
+        if f"{net}0/" not in routes:
+            return {
+                "SANDFLOW_ENGINE2_DIR": f"/var/tmp/sandflow-engine2-{tag}",
+                "SANDFLOW_ENGINE2_BRIDGE": f"sfe2-{tag}"[:15],
+                "SANDFLOW_ENGINE2_SUBNET": f"{net}1/24",
+            }
+    raise RuntimeError("no free /24 in 10.213.0.0/16 for a second engine's bridge")
 
 
 def free_port() -> int:
