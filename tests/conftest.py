@@ -117,6 +117,7 @@ def second_engine(sandbox_image: str) -> Iterator[str]:
     if shutil.which("dockerd") is None or os.geteuid() != 0:
         pytest.fail("the two-engine tests start a second dockerd: they need dockerd and root", pytrace=False)
     env = session_engine2_env(str(os.getpid()))
+    os.environ.update(env)  # the tests' halt/start of this engine find it by these
     try:
         host = engine2("start", env)
         yield host

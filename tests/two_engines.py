@@ -159,6 +159,7 @@ class DaskCluster:
         argv = [
             str(BIN / "dask"), "worker", self.address, "--name", name, "--nthreads", str(nthreads),
             "--nworkers", "1", "--host", "127.0.0.1", "--no-dashboard", "--death-timeout", "60",
+            "--preload", "flows.dask_worker",  # closes the worker when its engine goes away
         ]  # fmt: skip
         self.workers[name] = self._spawn(name, argv, self._env(docker_host))
         self.engines[name] = docker_host

@@ -28,7 +28,6 @@ from tests.two_engines import (
     dask_cluster,
     engine2,
     gc_run,
-    session_engine2_env,
     wait_until,
 )
 
@@ -115,4 +114,30 @@ def test_one_run_on_two_engines_survives_a_killed_worker_that_comes_back(
     # both engines ran episodes, and the restarted worker took work after it rejoined
     assert watch.episodes["first"] and watch.episodes["second"], watch.episodes
     assert watch.episodes["second"] - killed_with, "the restarted worker took no episode"
+    assert_no_sandbox_left(rid, list(engines.values()))
+
+
+def test_second_engine_stopped_mid_run(
+    tmp_path: Path, cluster: DaskCluster, model: ScriptedModel, second_engine: str
+) -> None:
+    """The second engine's dockerd stops (its sandboxes die with it) and stays down: its
+    worker closes itself (flows/dask_worker.py) and its episodes, the running ones too,
+    finish on the first engine; none is recorded as failed, none twice."""
+    ts = write_tasks(tmp_path / "t.parquet", tiny_tasks(EPISODES))
+    wh, rid = tmp_path / "wh", new_run_id("engine-down")
+    engines = {"first": FIRST_ENGINE, "second": second_engine}
+    with EngineWatch(engines, rid) as watch:
+        join = run_in_background(cluster, model, wh, ts, rid)
+        wait_until(lambda: watch.live_on("second") > 0, 120, "a sandbox on the second engine")
+        engine2("halt")  # the fixture put this engine's settings in os.environ
+        try:
+            summary = join()
+            wait_until(lambda: cluster.workers["w2"].proc.poll() is not None, 30, "worker w2 to close itself")
+        finally:
+            engine2("start")
+    assert summary["failed"] == 0 and summary["succeeded"] == EPISODES, summary
+    assert_exactly_once(wh, rid, EPISODES)
+    # the episodes cut off on the second engine ran again on the first
+    assert watch.episodes["second"] & watch.episodes["first"], watch.episodes
+    assert "its Docker engine is gone" in cluster.workers["w2"].log.read_text()
     assert_no_sandbox_left(rid, list(engines.values()))
