@@ -66,7 +66,11 @@ class EngineWatch:
 
 
 def dask_setup(worker: Any) -> None:
-    """Dask's preload hook (`--preload flows.dask_worker`)."""
+    """Dask's preload hook (`--preload flows.dask_worker`): a worker whose engine does not
+    answer refuses to start (before it registers with the scheduler: it takes no work)."""
+    why = ping(engine_address(), PING_TIMEOUT_S)
+    if why:
+        raise RuntimeError(f"sandflow: this Dask worker takes no episodes: {why}")
     watch = EngineWatch(worker)
     worker._sandflow_engine_watch = watch  # kept alive with the worker; found by tests
     watch.start()

@@ -41,6 +41,28 @@ def _quote_for_runner() -> Callable[[Any], Any]:
     return quote
 
 
+RESUBMITS = 3  # times one episode is submitted again after the Dask scheduler was lost
+
+
+def _lost_with_the_scheduler(exc: BaseException) -> bool:
+    """Was this future cancelled because the Dask client lost its scheduler?"""
+    return getattr(exc, "reason", None) == "scheduler-connection-lost"
+
+
+def _wait_for_the_scheduler(timeout_s: float = 120.0) -> None:
+    """Until this flow's Dask client has reconnected (a future submitted while it is still
+    connecting is cancelled with the ones it lost)."""
+    import time
+
+    ctx = FlowRunContext.get()
+    client = getattr(ctx.task_runner, "_client", None) if ctx else None
+    deadline = time.monotonic() + timeout_s
+    while client is not None and client.status != "running" and time.monotonic() < deadline:
+        if client.status in ("closing", "closed"):
+            return
+        time.sleep(0.2)
+
+
 class PrefectExecutor:
     """Episodes as Prefect task runs on the current flow's task runner (call inside a flow).
 
@@ -64,18 +86,32 @@ class PrefectExecutor:
 
         task = make_episode_task(policy)
         wrap = _quote_for_runner()
-        futures: dict[Any, EpisodeSpec] = {}
+        futures: dict[Any, EpisodeSpec] = {}  # every future submitted (waited for on a stop)
         clean = False
         try:
-            futures = {task.submit(wrap(ep), *map(wrap, args)): ep for ep in episodes}
-            for fut in as_completed(list(futures)):
-                ep = futures[fut]
-                try:
-                    out = fut.result()
-                except Exception as exc:  # retries exhausted (infra), a cancel, or a bug
-                    yield ep, exc
-                    continue
-                yield ep, out
+            pending = {task.submit(wrap(ep), *map(wrap, args)): ep for ep in episodes}
+            futures.update(pending)
+            resubmitted: dict[int, int] = {}
+            while pending:
+                batch, pending = pending, {}
+                for fut in as_completed(list(batch)):
+                    ep = batch[fut]
+                    try:
+                        out = fut.result()
+                    except Exception as exc:  # retries exhausted (infra), a cancel, or a bug
+                        if _lost_with_the_scheduler(exc) and resubmitted.get(id(ep), 0) < RESUBMITS and not cancel.is_set():
+                            # The Dask scheduler went away (restarted) and took every future
+                            # with it; the client reconnects to its address by itself. The
+                            # episode runs again from the start: its key is recorded once,
+                            # by whichever attempt finishes last (docs/pipeline.md).
+                            resubmitted[id(ep)] = resubmitted.get(id(ep), 0) + 1
+                            _wait_for_the_scheduler()
+                            again = task.submit(wrap(ep), *map(wrap, args))
+                            pending[again] = futures[again] = ep
+                            continue
+                        yield ep, exc
+                        continue
+                    yield ep, out
             clean = True
         except TerminationSignal:  # SIGTERM through Prefect's bridge: stop as Ctrl+C does
             raise KeyboardInterrupt from None

@@ -95,10 +95,8 @@ class _Proc:
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()  # what SIGTERM left in its session
 
 
@@ -122,7 +120,7 @@ class DaskCluster:
         # On CPython 3.11 Dask's stack profiler can deadlock a busy worker (flows/prefect_env.py)
         env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
         # a worker that lost its scheduler waits this long for it to come back, then exits
-        env.setdefault("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", "30s")
+        env.setdefault("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", "10s")
         if docker_host:
             env["DOCKER_HOST"] = docker_host
         return env
@@ -150,7 +148,8 @@ class DaskCluster:
             return s.connect_ex(("127.0.0.1", self.port)) == 0
 
     def restart_scheduler(self) -> None:
-        """kill -9 the scheduler, then start a new one on the same address."""
+        """kill -9 the scheduler, then start a new one on the same address (its workers
+        exit: `restart_exited_workers`)."""
         assert self.scheduler is not None
         self.scheduler.kill()
         self.start_scheduler()
@@ -165,6 +164,15 @@ class DaskCluster:
         self.engines[name] = docker_host
         if wait:
             self.wait_for_workers({name})
+
+    def restart_exited_workers(self, timeout: float = 120) -> None:
+        """A supervisor's part (systemd's Restart=always): a `dask worker` exits when it
+        loses its scheduler; wait for each to exit, start it again on the same engine."""
+        wait_until(lambda: all(w.proc.poll() is not None for w in self.workers.values()), timeout,
+                   "the workers to exit after losing their scheduler")  # fmt: skip
+        for name in list(self.workers):
+            self.start_worker(name, self.engines[name], wait=False)
+        self.wait_for_workers(set(self.workers))
 
     def kill_worker(self, name: str) -> None:
         """kill -9 the worker and its nanny: the host is gone, as far as Dask can tell."""

@@ -141,3 +141,28 @@ def test_second_engine_stopped_mid_run(
     assert watch.episodes["second"] & watch.episodes["first"], watch.episodes
     assert "its Docker engine is gone" in cluster.workers["w2"].log.read_text()
     assert_no_sandbox_left(rid, list(engines.values()))
+
+
+def test_scheduler_restarted_mid_run(
+    tmp_path: Path, cluster: DaskCluster, model: ScriptedModel, second_engine: str
+) -> None:
+    """kill -9 of the scheduler and a new one on its address, with episodes running on both
+    engines: every future is gone with it; the run resubmits the episodes it had not got
+    back (flows/executor.py), the workers (which exit with their scheduler) are started
+    again by their supervisor and join the new one, and the run ends with every episode
+    recorded once."""
+    ts = write_tasks(tmp_path / "t.parquet", tiny_tasks(EPISODES))
+    wh, rid = tmp_path / "wh", new_run_id("scheduler")
+    engines = {"first": FIRST_ENGINE, "second": second_engine}
+    with EngineWatch(engines, rid) as watch:
+        join = run_in_background(cluster, model, wh, ts, rid)
+        wait_until(lambda: watch.live_on("second") > 0 and watch.live_on("first") > 0, 120, "sandboxes on both engines")
+        cluster.restart_scheduler()
+        cluster.restart_exited_workers()
+        summary = join()
+    assert summary["failed"] == 0, summary["failures"][:3]
+    assert summary["failed"] == 0 and summary["succeeded"] == EPISODES, summary
+    assert_exactly_once(wh, rid, EPISODES)
+    assert cluster.live_workers() == {"w1", "w2"}  # both rejoined the new scheduler
+    assert watch.episodes["first"] and watch.episodes["second"], watch.episodes
+    assert_no_sandbox_left(rid, list(engines.values()))
