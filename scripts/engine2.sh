@@ -8,6 +8,8 @@
 #                                    here; SANDFLOW_ENGINE2_WAIT=1 waits for it)
 #   bash scripts/engine2.sh halt     stop only its daemon (a host's engine going down);
 #                                    data and image stay, `start` brings it back in seconds
+#   bash scripts/engine2.sh crash    kill -9 its daemon (a crash: the sandboxes' connections
+#                                    break at once; `start` brings it back and clears them)
 #   bash scripts/engine2.sh status   exit 0 and print its DOCKER_HOST when it answers
 #
 # Everything it owns lives under one directory ($SANDFLOW_ENGINE2_DIR, default
@@ -36,7 +38,7 @@ NS=sandflow-engine2
 
 say() { printf '\033[1;34m[engine2]\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31m[engine2] %s\033[0m\n' "$1" >&2; exit "${2:-1}"; }
-usage() { die "usage: bash scripts/engine2.sh start|stop|halt|status" 2; }
+usage() { die "usage: bash scripts/engine2.sh start|stop|halt|crash|status" 2; }
 first() { docker -H "${FIRST_DOCKER_HOST:-unix:///var/run/docker.sock}" "$@"; }
 second() { docker -H "$HOST" "$@"; }
 answers() { [ -S "$SOCK" ] && timeout 10 docker -H "$HOST" version --format '{{.Server.Version}}' >/dev/null 2>&1; }
@@ -153,6 +155,15 @@ halt() {  # its daemon only (SIGTERM, then SIGKILL after 30 s); its containers d
   return 0
 }
 
+crash() {  # kill -9 of dockerd alone (its containerd dies with it: parent-death signal)
+  [ "$(id -u)" = 0 ] || die "killing the second engine needs root"
+  pid_alive || die "no dockerd of $DIR runs"
+  local pid; pid=$(cat "$PIDFILE")
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "--host $HOST" || die "pid file $PIDFILE names $pid, which is not our dockerd"
+  kill -KILL "$pid"
+  for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+}
+
 stop() {
   [ -e "$DIR" ] || ip link show "$BRIDGE" >/dev/null 2>&1 || { say "nothing to stop ($DIR absent)"; return 0; }
   halt stop
@@ -190,6 +201,7 @@ stop() {
 case "$1" in
   start) start ;;
   stop) stop ;;
+  crash) crash; say "killed -9 (bash scripts/engine2.sh start brings it back)" ;;
   halt) halt halt; say "halted (data kept: bash scripts/engine2.sh start brings it back)" ;;
   status) answers || die "no second engine answers on $SOCK" 1; echo "$HOST" ;;
   *) usage ;;
