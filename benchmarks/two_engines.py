@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -113,7 +114,7 @@ def main() -> None:
             cluster.start_worker("w2", second, THREADS)
             th.join(timeout=1800)
             elapsed = time.monotonic() - t_run
-            summary = out.get("summary") or {}
+            summary: dict[str, Any] = out.get("summary") or {}  # type: ignore[assignment]
         with connect(wh) as q:
             rows = q.rows(f"SELECT episode_id, count(*), sum((termination = 'submitted')::int) FROM episodes WHERE run_id = '{rid}' GROUP BY 1")
         submitted = sum(1 for _, _, s in rows if s)
