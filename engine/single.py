@@ -93,6 +93,10 @@ def _with_warehouse(
     from warehouse import Warehouse
 
     wh = Warehouse(root)
+    # Held like a run's (warehouse/runlock.py): if this process dies, readers see the run
+    # interrupted instead of `running` forever.
+    lock = wh.hold_run(run_id)
+    lock.__enter__()
     wh.write_run(run_id, model=cfg.model, dataset="adhoc", status="running",
                  dataset_hash=TaskSet.model_construct(tasks=[task]).content_hash,
                  config={"form": "single", "model": cfg.public_dict()})  # fmt: skip
@@ -102,6 +106,9 @@ def _with_warehouse(
         try:
             writer.close()
         finally:
-            wh.finish_run(run_id, status=status)
+            try:
+                wh.finish_run(run_id, status=status)
+            finally:
+                lock.__exit__(None, None, None)
 
     return TeeRecorder(journal, writer), finish
