@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,33 @@ class SingleResult:
     result: EpisodeResult
     folder: Path
     model: ModelConfig  # what served it (the embedded model's address and name included)
+
+    def summary(self) -> str:
+        """One line: how it ended, turns, time, tokens, the answer (cut at 80), the folder."""
+        rec = self.result.record
+        answer = (rec.answer or "").replace("\n", " ")
+        answer = answer if len(answer) <= 80 else answer[:77] + "..."
+        return (
+            f"{rec.termination} after {rec.num_turns} turn(s) in {rec.wall_s:.1f}s "
+            f"({rec.prompt_tokens} prompt + {rec.completion_tokens} completion tokens); "
+            f"answer: {answer or '-'}; saved to {self.folder}"
+        )
+
+
+def new_stamp() -> str:
+    """A UTC time to the millisecond: the folder's name, and in the run and task ids."""
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")[:-3]
+
+
+def adhoc_task(query: str, domain: str, files: dict[str, str | bytes], stamp: str) -> Task:
+    """An ad-hoc query as a task. It has no ground truth; every other check of a task holds
+    (names, sizes, UTF-8, no secret of the environment in the query or the files):
+    datasets_prep.task.TaskValidationError names what is wrong."""
+    from datasets_prep.task import make_task
+
+    row = {"id": f"adhoc-{stamp}", "domain": domain, "problem_statement": query,
+           "ground_truth": None, "input_files": files}  # fmt: skip
+    return make_task(row, "--query/--input-dir", adhoc=True)
 
 
 def run_single(

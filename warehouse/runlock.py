@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from warehouse.layout import Layout
+from warehouse.tempfiles import try_flock
 
 LOCK_NAME = ".run.lock"
 # A reader asking whether a run is held (`is_held`) holds a shared flock for microseconds;
@@ -194,20 +195,10 @@ def is_held(layout: Layout, run_id: str) -> bool | None:
     except ValueError:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        with try_flock(path, shared=True) as fd:
+            return fd is None
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return None
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
 
 
 def refusal(layout: Layout, run_id: str) -> RunLocked | None:
