@@ -34,7 +34,8 @@ from warehouse.tempfiles import try_flock
 
 LOCK_NAME = ".run.lock"
 # A reader asking whether a run is held (`is_held`) holds a shared flock for microseconds;
-# a writer starting at that instant retries this long before it calls the run taken.
+# a writer starting at that instant retries this long before it calls the run taken (so a
+# refusal, or a `wait` shorter than this, takes this long).
 PROBE_GRACE_S = 1.0
 ABANDONED_NOTE = (
     "its process ended without recording how the run ended (killed?): "
@@ -133,8 +134,9 @@ class RunLock:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    if time.monotonic() < grace:  # maybe a reader's probe (is_held)
-                        time.sleep(0.01)
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline and now < grace:
+                        time.sleep(0.01)  # maybe a reader's probe (is_held): not yet a refusal
                         continue
                     holder = read_holder(self.path)
                     if deadline is not None and time.monotonic() >= deadline:
