@@ -7,7 +7,8 @@ scripted model over HTTP, the warehouse on disk:
   host, start time), through the CLI and through the Python API; with --wait it starts
   when the first ends, and then finds nothing left to do. Every episode ran once.
 - kill -9 of a run: its lock is free at once (a kernel flock), readers show the run
-  interrupted (not `running` forever), the same run id resumes right away, and Prefect's ephemeral server it started is gone within seconds.
+  interrupted (not `running` forever), the same run id resumes right away, and Prefect's
+  ephemeral server it started is gone within seconds.
 """
 
 from __future__ import annotations
