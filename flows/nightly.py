@@ -52,13 +52,14 @@ def benchmark(
     fail_on_regression: bool = False,
     alpha: float = 0.05,
     viewer_url: str | None = DEFAULT_VIEWER_URL,
+    max_cost_increase: float | None = None,
 ) -> dict[str, Any]:
     """The benchmark's steps (inside a flow); returns every step's summary.
 
     The run joins the series `spec.series` of its task set and model; the report compares
     it with the series' previous run. With `fail_on_regression`, a significant drop
-    (Holm-adjusted p < `alpha`) fails the flow run with RegressionFound once the report
-    is written.
+    (Holm-adjusted p < `alpha`), or a rise of cost per task above `max_cost_increase` %
+    (docs/cost.md), fails the flow run with RegressionFound once the report is written.
     """
     prep, run, _ = _run(spec, task_runner, dask_address)
     rid, warehouse = run["run_id"], run["warehouse"]
@@ -69,7 +70,10 @@ def benchmark(
     out["tokens"] = tokens_flow(run_id=rid, warehouse=warehouse)
     if rollouts:
         out["rollouts"] = rollouts_flow(run_id=rid, warehouse=warehouse, max_seq_tokens=max_seq_tokens)
-    out["report"] = report_flow(run_id=rid, warehouse=warehouse, alpha=alpha, viewer_url=viewer_url)
+    out["report"] = report_flow(
+        run_id=rid, warehouse=warehouse, alpha=alpha, viewer_url=viewer_url,
+        max_cost_increase=max_cost_increase,
+    )
     if fail_on_regression and out["report"].get("regression"):
         from analysis.nightly_report import RegressionFound
 
@@ -97,6 +101,7 @@ def benchmark_flow(
     fail_on_regression: bool = False,
     alpha: float = 0.05,
     viewer_url: str | None = DEFAULT_VIEWER_URL,
+    max_cost_increase: float | None = None,
 ) -> dict[str, Any]:
     """Benchmark a model on a task source end to end (`sandflow bench`)."""
     return benchmark(
@@ -110,6 +115,7 @@ def benchmark_flow(
         fail_on_regression=fail_on_regression,
         alpha=alpha,
         viewer_url=viewer_url,
+        max_cost_increase=max_cost_increase,
     )
 
 
@@ -141,6 +147,7 @@ def nightly_flow(
     alpha: float = 0.05,
     viewer_url: str | None = DEFAULT_VIEWER_URL,  # the report's links into `sandflow view`
     wait_for_lock: bool | float = False,  # another process runs run_id: wait (not refuse)
+    max_cost_increase: float | None = None,  # % rise of cost per task that fails (docs/cost.md)
 ) -> dict[str, Any]:
     """The nightly deployment: benchmark a model on a task source end to end. The run joins
     the series `series` (default: the deployment's name; ad hoc without one)."""
@@ -174,6 +181,7 @@ def nightly_flow(
         fail_on_regression=fail_on_regression,
         alpha=alpha,
         viewer_url=viewer_url,
+        max_cost_increase=max_cost_increase,
     )
 
 
