@@ -203,11 +203,16 @@ def data_build_job(
     max_tokens: int = 1024,
     calibrate: bool = True,
     build_id: str | None = None,
+    prices: dict[str, Any] | None = None,
+    max_cost_usd: float | None = None,
+    max_run_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The deployment's entry (prefect.yaml `data-build`): plain parameters (Prefect stores
-    them; the endpoint's key comes from the worker's SANDFLOW_API_KEY, never from here)."""
+    them; the endpoint's key comes from the worker's SANDFLOW_API_KEY, never from here).
+    `max_cost_usd` / `max_run_tokens`: the build's budget (datagen.budget), priced by `prices`."""
     spec = RunSpec(model=model, base_url=base_url, warehouse=warehouse, mode="sandbox",
-                   concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens)
+                   concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens,
+                   prices=dict(prices or {}), max_cost_usd=max_cost_usd, max_run_tokens=max_run_tokens)
     return data_build_flow(corpus, out, spec, questions=questions, synth_concurrency=concurrency,
                            synth_max_tokens=max_tokens, decontaminate=decontaminate, samples=samples,
                            band=band, calibrate=calibrate, build_id=build_id)

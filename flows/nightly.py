@@ -81,6 +81,15 @@ def benchmark(
     return out
 
 
+def _check_priced(spec: RunSpec) -> None:
+    """A deployment's --max-cost needs a price for its model: refused before any work
+    (engine.budget.check_priced, RunConfigError naming both)."""
+    if spec.model:
+        from engine.budget import check_priced
+
+        check_priced(spec)
+
+
 def _deployment_name() -> str | None:
     """The Prefect deployment running this flow (its name is the series), if any."""
     from prefect.runtime import deployment
@@ -148,6 +157,9 @@ def nightly_flow(
     viewer_url: str | None = DEFAULT_VIEWER_URL,  # the report's links into `sandflow view`
     wait_for_lock: bool | float = False,  # another process runs run_id: wait (not refuse)
     max_cost_increase: float | None = None,  # % rise of cost per task that fails (docs/cost.md)
+    prices: dict[str, Any] | None = None,  # tasks.pricing table: the run records it (run_cost)
+    max_cost_usd: float | None = None,  # the run's budget (engine.budget; needs `prices`)
+    max_run_tokens: int | None = None,  # the run's token budget
 ) -> dict[str, Any]:
     """The nightly deployment: benchmark a model on a task source end to end. The run joins
     the series `series` (default: the deployment's name; ad hoc without one)."""
@@ -170,7 +182,11 @@ def nightly_flow(
         request_timeout_s=request_timeout_s,
         series=series or _deployment_name(),
         wait_for_lock=wait_for_lock,
+        prices=dict(prices or {}),
+        max_cost_usd=max_cost_usd,
+        max_run_tokens=max_run_tokens,
     )
+    _check_priced(spec)
     return benchmark(
         spec,
         task_runner=task_runner,
@@ -204,6 +220,9 @@ def rl_data_flow(
     max_seq_tokens: int | None = 32768,
     logprobs: bool = False,
     return_token_ids: bool = False,
+    prices: dict[str, Any] | None = None,
+    max_cost_usd: float | None = None,
+    max_run_tokens: int | None = None,
 ) -> dict[str, Any]:
     """LLM-in-Sandbox-RL data: sandbox mode, k samples per task at temperature 1.0,
     scored, exported with group advantages (RLOO, as the paper; GRPO beside it)."""
@@ -223,7 +242,11 @@ def rl_data_flow(
         run_id=run_id,
         logprobs=logprobs,
         return_token_ids=return_token_ids,
+        prices=dict(prices or {}),
+        max_cost_usd=max_cost_usd,
+        max_run_tokens=max_run_tokens,
     )
+    _check_priced(spec)
     prep, run, _ = _run(spec, task_runner, dask_address)
     rid = run["run_id"]
     score = score_flow(run_id=rid, warehouse=warehouse)  # the tasks the run recorded
