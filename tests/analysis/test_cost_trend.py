@@ -77,3 +77,21 @@ def test_from_a_free_run_any_cost_is_a_rise() -> None:
     c = nr.CostChange("llm", 3, 0, 0.0, 0.01, max_increase_pct=1000)
     assert c.is_regression and c.change_pct is None and "(from free, above +1000%" in c.describe()
     assert not nr.CostChange("llm", 3, 0, 0.0, 0.0, max_increase_pct=0).is_regression
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_the_report_flow_returns_the_cost_regression_that_fails_bench(tmp_path: Path) -> None:
+    """What `bench --fail-on-regression --max-cost-increase` reads (flows.nightly.benchmark
+    raises RegressionFound on `regression`), through the real report flow."""
+    from flows.report import report_flow
+
+    root = tmp_path / "wh"
+    _night(root, "cost-r1", 0, {"t1": 1, "t2": 1})
+    _night(root, "cost-r2", 1, {"t1": 3, "t2": 1})
+    out = report_flow(run_id="cost-r2", warehouse=str(root), max_cost_increase=50, viewer_url=None)
+    assert out["regression"] and out["regression"].startswith("cost per task rose since run cost-r1")
+    assert out["cost_changes"] == [{"mode": "sandbox", "tasks": 2, "tasks_left_out": 0, "before_usd": 0.135,
+                                    "after_usd": 0.285, "change_pct": 111.1, "regression": True}]  # fmt: skip
+    md = Path(out["markdown"]).read_text()
+    assert "**Cost per task**" in md and "▲ sandbox: cost per task $0.1350 -> $0.2850" in md
+    assert report_flow(run_id="cost-r2", warehouse=str(root), viewer_url=None)["regression"] is None
