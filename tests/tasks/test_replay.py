@@ -66,6 +66,22 @@ def _record_parent(model: ScriptedModel, tmp_path: Path, script: list | None = N
     return wh, run_id, result.record.episode_id
 
 
+def _record_parent_cli(model: ScriptedModel, tmp_path: Path, script: list) -> tuple[Path, str, str]:
+    """A parent recorded by `sandflow run -q ... -i DIR --warehouse` (an ad-hoc task: no
+    ground truth; the run keeps it for a replay)."""
+    inputs = tmp_path / "in"
+    inputs.mkdir(exist_ok=True)
+    (inputs / "numbers.txt").write_text("1 2 3\n")
+    model.models = ["scripted", "other-model"]
+    model.push(*script)
+    wh = tmp_path / "wh"
+    res = runner.invoke(app, ["run", "-q", "Count the numbers", "-u", model.url, "-i", str(inputs),
+                              "-o", str(tmp_path / "runs"), "--warehouse", str(wh), "--quiet"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (ep,) = Warehouse(wh).episodes().to_pylist()
+    return wh, ep["run_id"], ep["episode_id"]
+
+
 def _replay(model: ScriptedModel, wh: Path, source: str, k: int, *more: str):  # type: ignore[no-untyped-def]
     return runner.invoke(app, ["run", "--replay", source, "--until-turn", str(k), "-u", model.url,
                                "-m", "other-model", "-o", str(wh.parent / "replays"),
@@ -118,10 +134,10 @@ def test_a_planted_divergence_is_caught_and_nothing_is_recorded(
     scripted_model: ScriptedModel, tmp_path: Path
 ) -> None:
     planted = [
-        tool_reply("execute_bash", {"command": "echo steady; head -c 6 /dev/urandom | od -An -tx1"}),
+        tool_reply("execute_bash", {"command": "cat documents/numbers.txt; head -c 6 /dev/urandom | od -An -tx1"}),
         tool_reply("submit", {}),
     ]
-    wh, run_id, parent_id = _record_parent(scripted_model, tmp_path, planted)
+    wh, run_id, parent_id = _record_parent_cli(scripted_model, tmp_path, planted)
     scripted_model.requests.clear()
     res = _replay(scripted_model, wh, f"{run_id}/{parent_id}", 1)
     assert res.exit_code == 1, res.output
