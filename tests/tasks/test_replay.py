@@ -188,3 +188,33 @@ def test_the_rule_masks_what_varies_and_nothing_else() -> None:
     (d,) = compare(0, 0, same.model_copy(update={"content": long_a}),
                    same.model_copy(update={"content": long_a.replace("line", "LINE")}))
     assert len(d.describe().splitlines()) <= 23  # bounded: 20 diff lines and a count
+
+
+@pytest.mark.bwrap
+def test_replay_on_bwrap_through_the_library(scripted_model: ScriptedModel, sandbox_rootfs: str) -> None:
+    """The same rebuild on the bubblewrap backend, through tasks.replay directly: no
+    divergence, the state rebuilt, the continuation recorded with its lineage."""
+    from datasets_prep.task import make_task
+    from tasks.loop import Limits, run_episode
+    from tasks.records import NullRecorder
+    from tasks.replay import replay_episode
+    from tests.tasks.conftest import fast_model, sandbox_config
+
+    task = make_task({"id": "count", "domain": "math", "problem_statement": "Count the numbers.",
+                      "ground_truth": "3", "input_files": {"numbers.txt": "1 2 3\n"}}, "test")  # fmt: skip
+    sb = sandbox_config().model_copy(update={"backend": "bwrap"})
+    scripted_model.push(*PARENT)
+    parent = run_episode(task, fast_model(scripted_model), sb, NullRecorder(), run_id="bw-parent",
+                         limits=Limits(max_steps=8))  # fmt: skip
+    assert parent.record.termination == "submitted", parent.record
+    scripted_model.push(tool_reply("execute_bash", {"command": "cat state.txt; echo FOO=$FOO; pwd"}),
+                        tool_reply("submit", {}))  # fmt: skip
+    rec = NullRecorder()
+    played = replay_episode(task, parent.record, parent.turns, 3, fast_model(scripted_model), sb, rec,
+                            run_id="bw-replay")  # fmt: skip
+    assert played.check.total == 0 and played.check.calls == 2, played.check.describe()
+    out = played.result.turns[3].observations[0].content
+    assert "x=1" in out and "FOO=bar" in out and "/testbed/work" in out
+    (ep,) = rec.episodes
+    assert (ep.parent_episode_id, ep.branch_turn, ep.branch_kind) == (parent.record.episode_id, 3, "replay")
+    assert [t.turn_index for t in rec.turns] == [0, 1, 2, 3, 4] and ep.config["replay"]["divergences"] == 0
