@@ -188,6 +188,9 @@ def test_the_rule_masks_what_varies_and_nothing_else() -> None:
     (d,) = compare(0, 0, same.model_copy(update={"content": long_a}),
                    same.model_copy(update={"content": long_a.replace("line", "LINE")}))
     assert len(d.describe().splitlines()) <= 23  # bounded: 20 diff lines and a count
+    # sandbox output is hostile: a terminal escape sequence is shown, never sent raw
+    (d,) = compare(0, 0, same, same.model_copy(update={"content": "\x1b]0;pwned\x07\n"}))
+    assert "\x1b" not in d.describe() and "\\x1b]0;pwned\\x07" in d.describe()
 
 
 @pytest.mark.bwrap
