@@ -201,10 +201,15 @@ def html_text(data: bytes) -> str:
 
 
 def pdf_text(data: bytes, max_pages: int = 2000) -> str:
-    """The text layer of a PDF (pypdf), page by page; a PDF without one is empty."""
+    """The text layer of a PDF (pypdf), page by page; a PDF without one is empty. pypdf's
+    own warnings ("EOF marker not found") are kept off the terminal: they name no file,
+    and a PDF it cannot read is counted as extract_failed with the error as its detail."""
     import io
+    import logging
 
     from pypdf import PdfReader
+
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
 
     try:
         reader = PdfReader(io.BytesIO(data))
