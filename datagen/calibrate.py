@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from analysis.scoring import score_episodes
+from datagen.budget import BudgetExhausted
 from datasets_prep.io import read_taskset
 from engine import RunSpec
 from engine import run as engine_run
@@ -43,14 +44,20 @@ def engine_policy(spec: RunSpec, warehouse: str | Path, executor: Any = None) ->
     `warehouse`, scored by each task's own verifier (the scores stored as the score flow
     stores them), and read back. `executor`: how episodes fan out (engine.executors;
     default: the engine's threads). No endpoint in `spec`: the engine starts the
-    embedded model for the run."""
+    embedded model for the run. A run the spec's budget stopped (`budget_exhausted`)
+    raises BudgetExhausted: a partial run is not graded."""
     root = str(Path(warehouse).expanduser())
 
     def run(task_set: str, run_id: str, samples: int) -> RunData:
         ts = read_taskset(task_set)
         one = spec.model_copy(update={"task_set": task_set, "run_id": run_id, "samples": samples,
                                       "mode": "sandbox", "warehouse": root})
-        engine_run(ts, one, executor=executor)
+        summary = engine_run(ts, one, executor=executor).summary
+        if summary.get("status") == "budget_exhausted":  # nothing graded from a partial run
+            raise BudgetExhausted(
+                f"calibration run {run_id} stopped on the build's budget: {summary.get('cancel_reason')}. "
+                "Resume with a higher budget: the same command and --out"
+            )
         wh = Warehouse(root)
         # infrastructure failures are not scored (not the policy's answer): a task with
         # no scored sample is dropped as no_samples, never as all_fail
