@@ -1,0 +1,240 @@
+"""A real Prefect server on PostgreSQL runs the schedule (issue #26, docs/pipeline.md
+"A Prefect server on PostgreSQL"):
+
+- sandflow's own PostgreSQL (scripts/postgres.sh; `scripts/setup.sh --postgres` starts it,
+  CI asks for it) holds a fresh database for this module, and `prefect server start --host
+  127.0.0.1` uses it through PREFECT_API_DATABASE_CONNECTION_URL (asyncpg);
+- prefect.yaml's nightly deployment is created on it, a process worker polls the
+  `sandflow-process` pool, and a run of the deployment is triggered (not its cron), on a
+  local Dask cluster of two worker processes (`task_runner=dask`);
+- the global concurrency limits `sandflow-sandboxes` and `sandflow-model-calls` hold across
+  those two workers (ONE Docker engine here; two engines: benchmarks/two_engines.py): live
+  sandboxes, the limits' active slots and model calls in flight, sampled during the run,
+  reach the limits and never pass them, while both workers held sandboxes;
+- the run writes its report, and its Prefect artifacts are read back through the API (and
+  found in PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.flows.conftest import containers_of, solver, tiny_tasks, write_tasks
+from tests.flows.prefect_servers import BIN, REPO, api, prefect, prefect_server, stopped_at_exit
+from tests.scripted_model import Reply, ScriptedModel
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("docker_image")]
+
+SANDBOX_LIMIT, MODEL_LIMIT = 2, 1  # the global limits of the limits test
+
+
+def _postgres_url() -> str:
+    """The URL of sandflow's PostgreSQL (scripts/postgres.sh), or the test fails saying how."""
+    r = subprocess.run(["bash", str(REPO / "scripts" / "postgres.sh"), "url"], capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.startswith("postgresql+asyncpg://"):
+        pytest.fail(
+            f"sandflow's PostgreSQL is needed: run `bash scripts/setup.sh --postgres` ({r.stderr.strip()})",
+            pytrace=False,
+        )
+    return r.stdout.strip()
+
+
+async def _admin(url: str, statement: str) -> None:
+    import asyncpg
+
+    base = url.replace("postgresql+asyncpg://", "postgresql://").rsplit("/", 1)[0]
+    con = await asyncpg.connect(f"{base}/postgres")
+    try:
+        await con.execute(statement)
+    finally:
+        await con.close()
+
+
+async def _fetch(url: str, query: str) -> list[Any]:
+    import asyncpg
+
+    con = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        return list(await con.fetch(query))
+    finally:
+        await con.close()
+
+
+@pytest.fixture(scope="module")
+def database() -> Iterator[str]:
+    """A fresh database in sandflow's PostgreSQL for this module, dropped after."""
+    url = _postgres_url()
+    name = f"sandflow_test_{uuid.uuid4().hex[:10]}"
+    asyncio.run(_admin(url, f"CREATE DATABASE {name}"))
+    try:
+        yield f"{url.rsplit('/', 1)[0]}/{name}"
+    finally:
+        asyncio.run(_admin(url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture(scope="module")
+def server(database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """`prefect server start` on 127.0.0.1 with PostgreSQL; prefect.yaml's nightly deployed
+    (its cron stays: the runs here are triggered); a process worker on its pool."""
+    work = tmp_path_factory.mktemp("prefect-pg")
+    with prefect_server(work, PREFECT_API_DATABASE_CONNECTION_URL=database) as env:
+        env = dict(env, SANDFLOW_REPO=str(REPO))
+        for args in (("work-pool", "create", "sandflow-process", "--type", "process"),
+                     ("--no-prompt", "deploy", "--name", "nightly")):  # fmt: skip
+            r = prefect(env, *args)
+            assert r.returncode == 0, r.stdout + r.stderr
+        for name, limit in (("sandflow-sandboxes", SANDBOX_LIMIT), ("sandflow-model-calls", MODEL_LIMIT)):
+            r = prefect(env, "global-concurrency-limit", "create", name, "--limit", str(limit))
+            assert r.returncode == 0, r.stdout + r.stderr
+        # the worker runs flows from this checkout (PYTHONPATH: the code under test)
+        worker_env = dict(env, PYTHONPATH=str(REPO), PREFECT_WORKER_QUERY_SECONDS="2")
+        with open(work / "worker.log", "wb") as log:
+            worker = subprocess.Popen(
+                [str(BIN / "prefect"), "worker", "start", "--pool", "sandflow-process", "--type", "process"],
+                env=worker_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        with stopped_at_exit(worker):
+            yield dict(env, WORKER_LOG=str(work / "worker.log"), SERVER_LOG=str(work / "server.log"))
+
+
+def _deployment(env: dict[str, str]) -> dict[str, Any]:
+    (dep,) = [d for d in api(env, "/deployments/filter", {}) if d["name"] == "nightly"]
+    return dep
+
+
+def _run_deployment(env: dict[str, str], params: dict[str, Any], timeout_s: float = 300) -> dict[str, Any]:
+    """Trigger a run of the nightly deployment now (as `prefect deployment run` does) and wait
+    until the worker has run it to a final state; the flow run."""
+    dep = _deployment(env)
+    run = api(env, f"/deployments/{dep['id']}/create_flow_run", {"parameters": params})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = api(env, f"/flow_runs/{run['id']}")
+        if run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return run
+        time.sleep(1)
+    pytest.fail(f"the deployment run did not end in {timeout_s:.0f} s: {run['state_type']}\n"
+                f"{Path(env['WORKER_LOG']).read_text()[-3000:]}")  # fmt: skip
+
+
+def _params(tmp_path: Path, model: ScriptedModel, rid: str, n: int, **kw: Any) -> dict[str, Any]:
+    tasks = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(n))
+    return {
+        "source": str(tasks), "base_url": model.url, "model": "scripted", "max_steps": 6,
+        "warehouse": str(tmp_path / "wh"), "run_id": rid, "viewer_url": None, **kw,
+    }  # fmt: skip
+
+
+def _ended_well(env: dict[str, str], run: dict[str, Any]) -> None:
+    assert run["state_type"] == "COMPLETED", (
+        f"{run['state_type']}: {run['state'].get('message')}\n{Path(env['WORKER_LOG']).read_text()[-3000:]}"
+    )
+
+
+class _Sampler:
+    """Every 0.2 s during a run: the run's live sandboxes (by label) and the processes that
+    opened them, the global limits' active slots, the model calls in flight."""
+
+    def __init__(self, env: dict[str, str], rid: str, in_flight: list[int]) -> None:
+        self.env, self.rid, self.in_flight = env, rid, in_flight
+        self.live: list[int] = []
+        self.owners: set[str] = set()
+        self.slots: dict[str, list[int]] = {"sandflow-sandboxes": [], "sandflow-model-calls": []}
+        self.model_calls: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        import docker
+
+        client = docker.from_env(timeout=20)
+        while not self._stop.is_set():
+            found = client.containers.list(filters={"label": f"sandflow.run_id={self.rid}"})
+            self.live.append(len(found))
+            self.owners |= {c.labels.get("sandflow.pid", "") for c in found}
+            with contextlib.suppress(Exception):
+                for lim in api(self.env, "/v2/concurrency_limits/filter", {}):
+                    if lim["name"] in self.slots:
+                        self.slots[lim["name"]].append(lim["active_slots"])
+            self.model_calls.append(self.in_flight[0])
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> _Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def test_a_triggered_nightly_run_keeps_the_global_limits_and_publishes_its_report(
+    server: dict[str, str], database: str, tmp_path: Path
+) -> None:
+    in_flight = [0, 0]  # now, most
+    lock = threading.Lock()
+
+    def slow_solver(body: dict, index: int) -> Reply:
+        with lock:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight[1], in_flight[0])
+        try:
+            time.sleep(0.2)  # a model call takes a while: calls of several episodes would overlap
+            return solver(body, index)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    rid = f"pytest-pg-{uuid.uuid4().hex[:6]}"
+    with ScriptedModel(default=slow_solver, models=("scripted",)) as model:
+        # 6 sandbox episodes, all at once on two Dask worker processes (3 threads each), each
+        # process allowing 6 sandboxes and unbounded model calls: only the global limits bound them
+        params = _params(tmp_path, model, rid, 6, mode="sandbox", concurrency=6, task_runner="dask")
+        with _Sampler(server, rid, in_flight) as sampled:
+            run = _run_deployment(server, params)
+    _ended_well(server, run)
+    dep = _deployment(server)
+    assert run["deployment_id"] == dep["id"] and run["parameters"]["run_id"] == rid
+    assert [s["schedule"]["cron"] for s in dep["schedules"]] == ["0 2 * * *"]  # the cron is kept
+    from warehouse.query import connect
+
+    with connect(tmp_path / "wh") as q:
+        done = q.con.execute(
+            f"SELECT count(*) FROM episodes WHERE run_id = '{rid}' AND termination = 'submitted'"
+        ).fetchone()
+    assert done == (6,)
+    # the limits: reached, never passed, while both Dask workers held sandboxes
+    assert max(sampled.live) == SANDBOX_LIMIT, sampled.live
+    assert max(sampled.slots["sandflow-sandboxes"]) == SANDBOX_LIMIT, sampled.slots
+    assert max(sampled.slots["sandflow-model-calls"]) <= MODEL_LIMIT, sampled.slots
+    assert in_flight[1] == MODEL_LIMIT, in_flight  # never two model calls at once
+    owners = sampled.owners - {""}
+    assert len(owners) == 2 and str(os.getpid()) not in owners, owners
+    assert containers_of(rid) == []
+    # the report, on disk and as Prefect artifacts read back through the API
+    report = tmp_path / "wh" / "reports" / rid
+    assert (report / "report.html").stat().st_size > 0
+    assert "accuracy" in (report / "report.md").read_text().lower()
+    from flows.artifacts import artifact_key
+
+    keys = {k: artifact_key(k, rid) for k in ("report", "accuracy", "tokens", "terminations")}
+    arts = api(server, "/artifacts/filter", {"artifacts": {"key": {"any_": list(keys.values())}}})
+    by_key = {a["key"]: a for a in arts}
+    assert set(by_key) == set(keys.values()), sorted(by_key)
+    assert by_key[keys["report"]]["type"] == "markdown" and rid in by_key[keys["report"]]["data"]
+    assert by_key[keys["accuracy"]]["type"] == "table"
+    # the server's record is in PostgreSQL, not in a SQLite file of its PREFECT_HOME
+    rows = asyncio.run(_fetch(database, f"SELECT count(*) FROM artifact WHERE key = '{keys['report']}'"))
+    assert rows[0][0] >= 1
+    assert not list(Path(server["PREFECT_HOME"]).glob("*.db"))
