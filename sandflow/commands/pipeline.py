@@ -309,7 +309,7 @@ def _with_prefect_api(task_runner: str, dask_address: str | None, fn: Any) -> An
 
         with api_for_task_runner(task_runner, dask_address) as url:
             if url:
-                _console().print(f"[dim]no PREFECT_API_URL: a temporary Prefect server at {url} serves this Dask run[/]")
+                _console().print(f"[dim]no PREFECT_API_URL: a temporary Prefect server at {url} serves this {task_runner} run[/]")
             return fn(**kwargs)
 
     return run
@@ -418,7 +418,7 @@ def bench(
     warehouse: str = _WAREHOUSE,
     durability: DurabilityChoice | None = durability_option(),
     run_id: str = typer.Option(None, "--run-id", "-r", help="Resume this run (finished episodes are skipped)."),
-    task_runner: str = typer.Option("thread", "--task-runner", help="thread (one process) | dask (a cluster)."),
+    task_runner: str = typer.Option("thread", "--task-runner", help="thread (one process) | dask (a cluster) | ray (a local Ray, or RAY_ADDRESS; extra `ray`)."),
     dask_address: str = typer.Option(None, "--dask-address", help="tcp://host:8786 of a Dask scheduler."),
     verifier: str = typer.Option(None, "--verifier", help="Score with this verifier instead of each task's own."),
     rollouts: bool = typer.Option(True, "--rollouts/--no-rollouts", help="Also export RL data."),
@@ -462,8 +462,8 @@ def bench(
     from sandflow.commands.progress import RichEpisodeProgress
 
     console = _console()
-    if task_runner not in ("thread", "dask"):
-        _fail(f"--task-runner {task_runner!r}: use thread or dask")
+    if task_runner not in ("thread", "dask", "ray"):
+        _fail(f"--task-runner {task_runner!r}: use thread, dask or ray")
     # The embedded 135M model rarely submits and rambles to max_tokens, one request at a
     # time on the CPU: keep the demo to minutes unless told otherwise (2 cores: a sandbox
     # turn takes ~5-15 s, mostly prompt evaluation).
@@ -637,7 +637,7 @@ def cmd_run(
     warehouse: str = _WAREHOUSE,
     durability: DurabilityChoice | None = durability_option(),
     run_id: str = typer.Option(None, "--run-id", "-r", help="Resume this run id (or name a new one)."),
-    task_runner: str = typer.Option("thread", "--task-runner", help="thread | dask"),
+    task_runner: str = typer.Option("thread", "--task-runner", help="thread | dask | ray"),
     dask_address: str = typer.Option(None, "--dask-address", help="tcp://host:8786"),
     logprobs: bool = typer.Option(False, "--logprobs", help="Record completion logprobs (RL)."),
     token_ids: bool = typer.Option(False, "--token-ids", help="Record exact token ids (vLLM; RL)."),
@@ -699,7 +699,7 @@ def cmd_run(
     for f in r["failures"][:10]:
         c.print(f"  [red]failed[/] {escape(f)}", soft_wrap=True, highlight=False)
     _print_compaction(c, r.get("compaction"))
-    if task_runner == "dask":
+    if task_runner in ("dask", "ray"):
         c.print(f"episodes ran in worker pids {r['worker_pids']}", highlight=False)
     _exit_if_all_failed(r)
     _exit_if_budget_spent(r)

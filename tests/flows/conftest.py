@@ -3,6 +3,7 @@ real Docker engine and image, and a check that no container outlives a test."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,19 @@ def solver(body: dict, index: int) -> Reply:
     ]
     name, args = steps[min(done, len(steps) - 1)]
     return tool_reply(name, args)
+
+
+def needs(module: str, how: str) -> None:
+    """An optional part (an extra, a service the set-up starts when asked): in CI (CI=true,
+    where .ci/run asks for every part) its absence fails the test; elsewhere it is skipped
+    with the reason and how to get it, shown in pytest's summary."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        message = f"needs {how}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
 
 
 @pytest.fixture
