@@ -5,13 +5,11 @@ warehouse. verl and LLM-in-Sandbox-RL train on Ray; this is the same runner they
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from tests.flows.conftest import containers_of, needs, tiny_tasks, write_tasks
+from tests.flows.conftest import benchmark_on, needs, worker_pids
 from tests.scripted_model import ScriptedModel
 
 
@@ -19,30 +17,9 @@ from tests.scripted_model import ScriptedModel
 @pytest.mark.usefixtures("prefect_harness", "docker_image")
 def test_ray_runs_a_benchmark_in_its_worker_processes(tmp_path: Path, model: ScriptedModel) -> None:
     needs("prefect_ray", "the optional extra `ray` (prefect-ray): bash scripts/setup.sh --ray")
-    from sandflow.cli import app
-    from warehouse.query import connect
-
-    ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(2))
-    wh = tmp_path / "wh"
-    res = CliRunner(env={"COLUMNS": "300"}).invoke(
-        app,
-        ["flows", "run", str(ts), "--base-url", model.url, "--model", "scripted", "--warehouse", str(wh),
-         "--mode", "both", "--concurrency", "2", "--max-steps", "6", "--task-runner", "ray"],
-    )  # fmt: skip
-    assert res.exit_code == 0, res.output + repr(res.exception)
-    m = re.search(r"(\S+): 4 recorded, 0 failed", res.output)
-    assert m, res.output
-    rid = m.group(1)
-    with connect(wh) as q:
-        rows = q.con.execute(
-            f"SELECT mode, count(*) FROM episodes WHERE run_id = '{rid}' AND termination = 'submitted' "
-            "GROUP BY 1 ORDER BY 1"
-        ).fetchall()
-    assert rows == [("llm", 2), ("sandbox", 2)]
-    # the episodes ran in Ray's worker processes, not in this one
-    ran_in = {int(p) for p in re.findall(r"worker pids \[([\d, ]+)\]", res.output)[0].split(", ")}
+    _, output = benchmark_on(["--concurrency", "2", "--task-runner", "ray"], tmp_path, model)
+    ran_in = worker_pids(output)  # the episodes ran in Ray's worker processes, not in this one
     assert ran_in and os.getpid() not in ran_in
-    assert containers_of(rid) == []
     import ray
 
     assert not ray.is_initialized()  # the run's Ray instance ended with it

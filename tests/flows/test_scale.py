@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -20,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from tests.flows.conftest import containers_of, tiny_tasks, write_tasks
+from tests.flows.conftest import benchmark_on, worker_pids
 from tests.flows.prefect_servers import REPO, api, prefect
 from tests.flows.prefect_servers import prefect_server as running_server
 from tests.scripted_model import ScriptedModel
@@ -33,41 +31,23 @@ from tests.scripted_model import ScriptedModel
 def test_dask_cluster_runs_a_benchmark(tmp_path: Path, model: ScriptedModel) -> None:
     from distributed import Client, LocalCluster
 
-    from sandflow.cli import app
-    from warehouse.query import connect
-
-    ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(2))
-    wh = tmp_path / "wh"
     with LocalCluster(
         n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
     ) as cluster:
         address = cluster.scheduler_address
         assert address.startswith("tcp://127.0.0.1:")
-        worker_pids = {w.pid for w in cluster.workers.values()}
+        worker_pids_ = {w.pid for w in cluster.workers.values()}
         with Client(cluster) as client:
             callbacks = client.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks))
         # importing flows turns the workers' stack profiler off: on CPython 3.11 it can
         # deadlock a worker for good (flows/prefect_env.py)
         assert callbacks and all("profile" not in cbs for cbs in callbacks.values()), callbacks
-        res = CliRunner(env={"COLUMNS": "300"}).invoke(
-            app,
-            ["flows", "run", str(ts), "--base-url", model.url, "--model", "scripted", "--warehouse", str(wh),
-             "--mode", "both", "--concurrency", "4", "--max-steps", "6",
-             "--task-runner", "dask", "--dask-address", address],
-        )  # fmt: skip
-    assert res.exit_code == 0, res.output + repr(res.exception)
-    m = re.search(r"(\S+): 4 recorded, 0 failed", res.output)
-    assert m, res.output
-    rid = m.group(1)
-    with connect(wh) as q:
-        rows = q.con.execute(
-            f"SELECT mode, count(*) FROM episodes WHERE run_id = '{rid}' AND termination = 'submitted' GROUP BY 1 ORDER BY 1"
-        ).fetchall()
-    assert rows == [("llm", 2), ("sandbox", 2)]
+        _, output = benchmark_on(
+            ["--concurrency", "4", "--task-runner", "dask", "--dask-address", address], tmp_path, model
+        )
     # the episodes ran in the Dask worker processes, not in this one
-    ran_in = {int(p) for p in re.findall(r"worker pids \[([\d, ]+)\]", res.output)[0].split(", ")}
-    assert ran_in and ran_in <= worker_pids and os.getpid() not in ran_in
-    assert containers_of(rid) == []
+    ran_in = worker_pids(output)
+    assert ran_in and ran_in <= worker_pids_ and os.getpid() not in ran_in
 
 
 @pytest.fixture
