@@ -1,4 +1,4 @@
-"""A temporary Prefect API server for Dask runs in ephemeral mode.
+"""A temporary Prefect API server for Dask (and Ray) runs in ephemeral mode.
 
 Without PREFECT_API_URL, Prefect runs "ephemeral": each *process* that needs the API
 starts its own server on 127.0.0.1. With the thread runner that is one server for the
@@ -150,7 +150,7 @@ def temporary_server(timeout_s: float | None = None) -> Iterator[str]:
                 failed = True  # keep its log: the error names it
                 tail = Path(log.name).read_text(errors="replace")[-1500:]
                 raise RunConfigError(
-                    f"the temporary Prefect server for the Dask run did not start on 127.0.0.1:{port} "
+                    f"the temporary Prefect server for the Dask or Ray run did not start on 127.0.0.1:{port} "
                     f"within {timeout_s:.0f} s (exit status {proc.poll()}; log {log.name}): {tail}\n"
                     "Start one yourself (`prefect server start`) and set PREFECT_API_URL."
                 )
