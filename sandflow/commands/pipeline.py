@@ -330,11 +330,15 @@ def _print_compaction(console: Any, comp: dict[str, Any] | None) -> None:
 
 
 def _runner(kind: str, concurrency: int, dask_address: str | None) -> Any:
+    from engine.plan import RunConfigError
     from flows.run import make_task_runner
 
     if kind == "dask" and not dask_address:
         _console().print("[dim]--task-runner dask without --dask-address: a local Dask cluster is started[/]")
-    return make_task_runner(kind, concurrency, dask_address)
+    try:
+        return make_task_runner(kind, concurrency, dask_address)
+    except RunConfigError as e:  # an unknown runner, or the extra `ray` not installed: bad input
+        raise fail(str(e)) from None
 
 
 _WAIT = typer.Option(
