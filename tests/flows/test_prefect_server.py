@@ -39,6 +39,7 @@ from tests.scripted_model import Reply, ScriptedModel
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("docker_image")]
 
 SANDBOX_LIMIT, MODEL_LIMIT = 2, 1  # the global limits of the limits test
+FIRST_ENGINE = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
 def _postgres_url() -> str:
@@ -148,13 +149,18 @@ def _ended_well(env: dict[str, str], run: dict[str, Any]) -> None:
 
 
 class _Sampler:
-    """Every 0.2 s during a run: the run's live sandboxes (by label) and the processes that
-    opened them, the global limits' active slots, the model calls in flight."""
+    """Every 0.2 s during a run: the run's live sandboxes (by label) on each engine and the
+    processes and engines that opened them, the global limits' active slots, the model
+    calls in flight."""
 
-    def __init__(self, env: dict[str, str], rid: str, in_flight: list[int]) -> None:
+    def __init__(
+        self, env: dict[str, str], rid: str, in_flight: list[int], engines: dict[str, str] | None = None
+    ) -> None:
         self.env, self.rid, self.in_flight = env, rid, in_flight
-        self.live: list[int] = []
+        self.engines = engines or {"first": FIRST_ENGINE}
+        self.live: list[int] = []  # on all engines together
         self.owners: set[str] = set()
+        self.engines_used: set[str] = set()
         self.slots: dict[str, list[int]] = {"sandflow-sandboxes": [], "sandflow-model-calls": []}
         self.model_calls: list[int] = []
         self._stop = threading.Event()
@@ -163,11 +169,16 @@ class _Sampler:
     def _loop(self) -> None:
         import docker
 
-        client = docker.from_env(timeout=20)
+        clients = {name: docker.DockerClient(base_url=host, timeout=20) for name, host in self.engines.items()}
         while not self._stop.is_set():
-            found = client.containers.list(filters={"label": f"sandflow.run_id={self.rid}"})
-            self.live.append(len(found))
-            self.owners |= {c.labels.get("sandflow.pid", "") for c in found}
+            live = 0
+            for name, client in clients.items():
+                found = client.containers.list(filters={"label": f"sandflow.run_id={self.rid}"})
+                live += len(found)
+                self.owners |= {c.labels.get("sandflow.pid", "") for c in found}
+                if found:
+                    self.engines_used.add(name)
+            self.live.append(live)
             with contextlib.suppress(Exception):
                 for lim in api(self.env, "/v2/concurrency_limits/filter", {}):
                     if lim["name"] in self.slots:
@@ -184,22 +195,51 @@ class _Sampler:
         self._thread.join(30)
 
 
-def test_a_triggered_nightly_run_keeps_the_global_limits_and_publishes_its_report(
-    server: dict[str, str], database: str, tmp_path: Path
-) -> None:
-    in_flight = [0, 0]  # now, most
+def counting_solver(in_flight: list[int]) -> Any:
+    """The flows' solver, 0.2 s per reply (calls of several episodes would overlap), counting
+    the calls in flight: in_flight = [now, most]."""
     lock = threading.Lock()
 
-    def slow_solver(body: dict, index: int) -> Reply:
+    def reply(body: dict, index: int) -> Reply:
         with lock:
             in_flight[0] += 1
             in_flight[1] = max(in_flight[1], in_flight[0])
         try:
-            time.sleep(0.2)  # a model call takes a while: calls of several episodes would overlap
+            time.sleep(0.2)
             return solver(body, index)
         finally:
             with lock:
                 in_flight[0] -= 1
+
+    return reply
+
+
+def _assert_limits_held(sampled: _Sampler, in_flight: list[int]) -> None:
+    """Reached, never passed (live sandboxes, active slots, model calls), while two worker
+    processes other than this one held sandboxes."""
+    assert max(sampled.live) == SANDBOX_LIMIT, sampled.live
+    assert max(sampled.slots["sandflow-sandboxes"]) == SANDBOX_LIMIT, sampled.slots
+    assert max(sampled.slots["sandflow-model-calls"]) <= MODEL_LIMIT, sampled.slots
+    assert in_flight[1] == MODEL_LIMIT, in_flight  # never two model calls at once
+    owners = sampled.owners - {""}
+    assert len(owners) == 2 and str(os.getpid()) not in owners, owners
+
+
+def _submitted(wh: Path, rid: str) -> int:
+    from warehouse.query import connect
+
+    with connect(wh) as q:
+        row = q.con.execute(
+            f"SELECT count(*) FROM episodes WHERE run_id = '{rid}' AND termination = 'submitted'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_a_triggered_nightly_run_keeps_the_global_limits_and_publishes_its_report(
+    server: dict[str, str], database: str, tmp_path: Path
+) -> None:
+    in_flight = [0, 0]
+    slow_solver = counting_solver(in_flight)
 
     rid = f"pytest-pg-{uuid.uuid4().hex[:6]}"
     with ScriptedModel(default=slow_solver, models=("scripted",)) as model:
@@ -212,20 +252,8 @@ def test_a_triggered_nightly_run_keeps_the_global_limits_and_publishes_its_repor
     dep = _deployment(server)
     assert run["deployment_id"] == dep["id"] and run["parameters"]["run_id"] == rid
     assert [s["schedule"]["cron"] for s in dep["schedules"]] == ["0 2 * * *"]  # the cron is kept
-    from warehouse.query import connect
-
-    with connect(tmp_path / "wh") as q:
-        done = q.con.execute(
-            f"SELECT count(*) FROM episodes WHERE run_id = '{rid}' AND termination = 'submitted'"
-        ).fetchone()
-    assert done == (6,)
-    # the limits: reached, never passed, while both Dask workers held sandboxes
-    assert max(sampled.live) == SANDBOX_LIMIT, sampled.live
-    assert max(sampled.slots["sandflow-sandboxes"]) == SANDBOX_LIMIT, sampled.slots
-    assert max(sampled.slots["sandflow-model-calls"]) <= MODEL_LIMIT, sampled.slots
-    assert in_flight[1] == MODEL_LIMIT, in_flight  # never two model calls at once
-    owners = sampled.owners - {""}
-    assert len(owners) == 2 and str(os.getpid()) not in owners, owners
+    assert _submitted(tmp_path / "wh", rid) == 6
+    _assert_limits_held(sampled, in_flight)  # both Dask workers held sandboxes
     assert containers_of(rid) == []
     # the report, on disk and as Prefect artifacts read back through the API
     report = tmp_path / "wh" / "reports" / rid
