@@ -5,12 +5,13 @@
   CI asks for it) holds a fresh database for this module, and `prefect server start --host
   127.0.0.1` uses it through PREFECT_API_DATABASE_CONNECTION_URL (asyncpg);
 - prefect.yaml's nightly deployment is created on it, a process worker polls the
-  `sandflow-process` pool, and a run of the deployment is triggered (not its cron), on a
-  local Dask cluster of two worker processes (`task_runner=dask`);
+  `sandflow-process` pool, and a run of the deployment is triggered (not its cron) on a Dask
+  cluster of two worker processes, each opening its sandboxes on its own Docker engine (the
+  machine's and a second one: scripts/engine2.sh, tests/two_engines.py);
 - the global concurrency limits `sandflow-sandboxes` and `sandflow-model-calls` hold across
-  those two workers (ONE Docker engine here; two engines: benchmarks/two_engines.py): live
-  sandboxes, the limits' active slots and model calls in flight, sampled during the run,
-  reach the limits and never pass them, while both workers held sandboxes;
+  those two workers and engines: live sandboxes on both engines together, the limits' active
+  slots and model calls in flight, sampled during the run, reach the limits and never pass
+  them, while both workers and both engines held sandboxes;
 - the run writes its report, and its Prefect artifacts are read back through the API (and
   found in PostgreSQL).
 """
@@ -32,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.flows.conftest import containers_of, solver, tiny_tasks, write_tasks
+from tests.flows.conftest import solver, tiny_tasks, write_tasks
 from tests.flows.prefect_servers import BIN, REPO, api, prefect, prefect_server, stopped_at_exit
 from tests.scripted_model import Reply, ScriptedModel
 
@@ -235,26 +236,38 @@ def _submitted(wh: Path, rid: str) -> int:
     return int(row[0]) if row else 0
 
 
-def test_a_triggered_nightly_run_keeps_the_global_limits_and_publishes_its_report(
-    server: dict[str, str], database: str, tmp_path: Path
+def test_a_triggered_nightly_run_on_two_engines_keeps_the_global_limits_and_publishes_its_report(
+    server: dict[str, str], database: str, second_engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    in_flight = [0, 0]
-    slow_solver = counting_solver(in_flight)
+    """The nightly deployment run now on an external Dask cluster whose two workers open their
+    sandboxes each on its own Docker engine (tests/two_engines.py, scripts/engine2.sh): the
+    limits are the server's, so they hold across both engines together; the run writes its
+    report and publishes its artifacts."""
+    from tests.two_engines import dask_cluster
 
-    rid = f"pytest-pg-{uuid.uuid4().hex[:6]}"
-    with ScriptedModel(default=slow_solver, models=("scripted",)) as model:
-        # 6 sandbox episodes, all at once on two Dask worker processes (3 threads each), each
-        # process allowing 6 sandboxes and unbounded model calls: only the global limits bound them
-        params = _params(tmp_path, model, rid, 6, mode="sandbox", concurrency=6, task_runner="dask")
-        with _Sampler(server, rid, in_flight) as sampled:
+    engines = {"first": FIRST_ENGINE, "second": second_engine}
+    in_flight = [0, 0]
+    rid = f"pytest-pg-2e-{uuid.uuid4().hex[:6]}"
+    # the workers take this process's environment: the server's API is their global limits
+    monkeypatch.setenv("PREFECT_API_URL", server["PREFECT_API_URL"])
+    with (
+        dask_cluster(tmp_path / "dask", {"w1": engines["first"], "w2": engines["second"]}, nthreads=3) as cluster,
+        ScriptedModel(default=counting_solver(in_flight), models=("scripted",)) as model,
+    ):
+        params = _params(tmp_path, model, rid, 6, mode="sandbox", concurrency=6, task_runner="dask",
+                         dask_address=cluster.address)  # fmt: skip
+        with _Sampler(server, rid, in_flight, engines) as sampled:
             run = _run_deployment(server, params)
     _ended_well(server, run)
     dep = _deployment(server)
     assert run["deployment_id"] == dep["id"] and run["parameters"]["run_id"] == rid
     assert [s["schedule"]["cron"] for s in dep["schedules"]] == ["0 2 * * *"]  # the cron is kept
     assert _submitted(tmp_path / "wh", rid) == 6
-    _assert_limits_held(sampled, in_flight)  # both Dask workers held sandboxes
-    assert containers_of(rid) == []
+    _assert_limits_held(sampled, in_flight)
+    assert sampled.engines_used == set(engines), sampled.engines_used  # sandboxes on both engines
+    from tests.two_engines import containers_on
+
+    assert containers_on(engines["first"], rid) == [] and containers_on(engines["second"], rid) == []
     # the report, on disk and as Prefect artifacts read back through the API
     report = tmp_path / "wh" / "reports" / rid
     assert (report / "report.html").stat().st_size > 0
