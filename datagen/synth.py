@@ -38,6 +38,8 @@ from typing import Any
 
 import yaml
 
+from datagen.budget import TERMINATION as BUDGET_EXHAUSTED
+from datagen.budget import BuildBudget
 from datagen.questions import TYPES, Invalid, Question, check, json_schema
 from datasets_prep.convert import build_prompt, context_files, documents_note, slug
 from datasets_prep.corpus import Piece
@@ -83,16 +85,28 @@ class Template:
             where = str(path)
         try:
             doc = yaml.safe_load(data.decode("utf-8"))
-        except (UnicodeDecodeError, yaml.YAMLError) as e:
-            raise SynthConfigError(f"prompt template {where!r} is not UTF-8 YAML: {e}") from None
+        except UnicodeDecodeError as e:
+            raise SynthConfigError(
+                f"prompt template {where!r} is not UTF-8 (byte {data[e.start]:#04x} at offset {e.start})"
+            ) from None
+        except yaml.YAMLError as e:
+            raise SynthConfigError(f"prompt template {where!r} is not valid YAML: {_yaml_problem(e)}") from None
         if not isinstance(doc, dict):
-            raise SynthConfigError(f"prompt template {where!r}: expected a mapping")
+            raise SynthConfigError(f"prompt template {where!r}: expected a mapping with "
+                                   f"name, system, user and types, got a {type(doc).__name__}")
         missing = [k for k in ("name", "system", "user", "types") if not doc.get(k)]
         if missing:
             raise SynthConfigError(f"prompt template {where!r}: missing {', '.join(missing)}")
+        not_text = [k for k in ("name", "system", "user") if not isinstance(doc[k], (str, int, float))]
+        if not_text:
+            raise SynthConfigError(f"prompt template {where!r}: {not_text[0]!r} must be text, "
+                                   f"not a {type(doc[not_text[0]]).__name__}")
         types = doc["types"]
         if not isinstance(types, dict) or any(t not in types for t in TYPES):
             raise SynthConfigError(f"prompt template {where!r}: 'types' must give {', '.join(TYPES)}")
+        bad_type = next((t for t in TYPES if not isinstance(types[t], str) or not types[t].strip()), None)
+        if bad_type:
+            raise SynthConfigError(f"prompt template {where!r}: types.{bad_type} must be non-empty text")
         if "{{document}}" not in str(doc["user"]):
             raise SynthConfigError(f"prompt template {where!r}: 'user' must contain {{{{document}}}}")
         digest = hashlib.sha256(data).hexdigest()[:8]
@@ -105,6 +119,14 @@ class Template:
         safe = document.replace(_CLOSE_TAG, "<\u2060/document").replace("<document", "<\u2060document")
         user = self.user.replace("{{type_instructions}}", self.types[qtype]).replace("{{document}}", safe)
         return [{"role": "system", "content": self.system.strip()}, {"role": "user", "content": user}]
+
+
+def _yaml_problem(e: Exception) -> str:
+    """A YAML error in one line: what is wrong and where (PyYAML's own text spans lines
+    and names "<unicode string>", not the file)."""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)
 
 
 def structured_body(style: str, qtype: str) -> dict[str, Any]:
@@ -165,6 +187,11 @@ class ReplyCache:
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self._data.get(key)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every reply held (a data build's budget counts them: datagen.budget)."""
+        with self._lock:
+            return list(self._data.values())
 
     def put(self, row: dict[str, Any]) -> None:
         line = json.dumps(row, ensure_ascii=False) + "\n"
@@ -243,8 +270,11 @@ def synthesize(
     concurrency: int = 4,
     cache: ReplyCache | None = None,
     progress: Callable[[SlotOutcome], None] | None = None,
+    budget: BuildBudget | None = None,
 ) -> SynthResult:
-    """Every slot of every piece -> a kept question or a dropped slot with its reason."""
+    """Every slot of every piece -> a kept question or a dropped slot with its reason.
+    With a `budget` (datagen.budget), once it is spent no slot asks the model: those are
+    dropped as `budget_exhausted` (not cached: a resume asks them)."""
     template = template or Template.load()
     if structured not in STRUCTURED:
         raise SynthConfigError(f"structured output {structured!r}: use one of {', '.join(STRUCTURED)}")
@@ -253,8 +283,10 @@ def synthesize(
     slots = plan_slots(pieces, n, types)
     cache = cache or ReplyCache(None)
     extras = {t: structured_body(structured, t) for t in TYPES}
-    clients = {t: ModelClient(cfg.model_copy(update={"extra_body": {**cfg.extra_body, **extras[t]}}))
-               for t in set(types)}
+    # one client (one connection pool) for every type: the schema goes per call. A client
+    # per type kept up to three pools of `concurrency` connections each to one endpoint,
+    # and cost ~10% more CPU per call than one pool (benchmarks/data_build.py)
+    client = ModelClient(cfg)
     result = SynthResult(model=cfg.model, template_version=template.version)
     lock = threading.Lock()
 
@@ -262,9 +294,15 @@ def synthesize(
         key = request_key(cfg, template, slot.qtype, structured, slot.index, slot.piece.text)
         row = cache.get(key)
         cached = row is not None
-        if row is None:
+        spent = budget.exceeded() if row is None and budget is not None else None
+        if spent is not None:
+            row = None
+            out = SlotOutcome(slot.slot_id, slot.piece.piece_id, slot.qtype, False,
+                              BUDGET_EXHAUSTED, spent)
+        elif row is None:
             try:
-                reply = clients[slot.qtype].complete(template.messages(slot.qtype, slot.piece.text))
+                reply = client.complete(template.messages(slot.qtype, slot.piece.text),
+                                        extra_body=extras[slot.qtype])
             except ModelError as e:
                 row = None
                 out = SlotOutcome(slot.slot_id, slot.piece.piece_id, slot.qtype, False,
@@ -272,12 +310,16 @@ def synthesize(
             else:
                 row = {"key": key, "content": reply.content,
                        "prompt_tokens": reply.usage.prompt_tokens or 0,
-                       "completion_tokens": reply.usage.completion_tokens or 0}
+                       "completion_tokens": reply.usage.completion_tokens or 0,
+                       "cached_tokens": reply.usage.cached_tokens or 0,
+                       "reasoning_tokens": reply.usage.reasoning_tokens or 0}
                 cache.put(row)
+                if budget is not None:
+                    budget.add_rows([row])
         if row is not None:
             out = _judge(slot, row, cached)
         with lock:
-            result.calls += 0 if cached else 1
+            result.calls += 0 if cached or spent is not None else 1
             result.cache_hits += 1 if cached else 0
         if progress is not None:
             progress(out)
@@ -288,8 +330,7 @@ def synthesize(
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             result.outcomes = list(pool.map(one, slots))
     finally:
-        for c in clients.values():
-            c.close()
+        client.close()
         cache.close()
     result.seconds = time.perf_counter() - t0
     return result

@@ -8,6 +8,7 @@ scores and usage labels, read episodes and turns back, compact, query.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime
@@ -17,7 +18,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from datasets_prep.task import Task, TaskSet
-from tasks.records import INFRA_TERMINATIONS, episode_key
+from tasks.records import INFRA_TERMINATIONS, EpisodeRecord, TurnRecord, episode_key
 from warehouse.compact import CompactionResult, compact_run
 from warehouse.convert import episode_record, turn_record
 from warehouse.dataitems import write_data_items
@@ -30,7 +31,7 @@ from warehouse.rundata import RunData, latest_scores
 from warehouse.runs import finish_run, read_run, write_run
 from warehouse.schema import check_run_id
 from warehouse.series import MAX_TURNS, SeriesData, read_series, read_trajectories
-from warehouse.tasksets import keep_tasks, run_tasks, unlike_tasks
+from warehouse.tasksets import adhoc_task, keep_adhoc_task, keep_tasks, run_tasks, unlike_tasks
 from warehouse.writer import EpisodeWriter
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,16 @@ class Warehouse:
         return finish_run(self.layout, run_id, **fields)
 
     def run_info(self, run_id: str) -> dict[str, Any] | None:
-        return read_run(self.layout, run_id)
+        """The run's row as readers see it: one recorded `running` whose process died
+        (its lock free, warehouse/runlock.is_held) reads as interrupted, as in the
+        ``runs`` view."""
+        from warehouse.runlock import ABANDONED_NOTE, is_held
+
+        row = read_run(self.layout, run_id)
+        if row is not None and row.get("status") == "running" and is_held(self.layout, run_id) is False:
+            notes = "; ".join(n for n in (row.get("notes"), ABANDONED_NOTE) if n)
+            row = {**row, "status": "interrupted", "notes": notes}
+        return row
 
     # ---- the tasks a run ran (warehouse.tasksets) --------------------------------------
     def keep_tasks(self, run_id: str, tasks: Iterable[Task], *, name: str = "tasks") -> int:
@@ -70,6 +80,13 @@ class Warehouse:
     def run_tasks(self, run_id: str) -> TaskSet | None:
         """The exact tasks `run_id` ran (None when it recorded none)."""
         return run_tasks(self.layout, run_id)
+
+    def keep_adhoc_task(self, run_id: str, task: Task) -> Path:
+        """Keep a task without ground truth (`sandflow run`'s query): a replay reads it."""
+        return keep_adhoc_task(self.layout, run_id, task)
+
+    def adhoc_task(self, run_id: str, task_id: str) -> Task | None:
+        return adhoc_task(self.layout, run_id, task_id)
 
     def unlike_tasks(self, run_a: str, run_b: str) -> str | None:
         """Why two runs cannot be paired task by task (one sentence), or None."""
@@ -221,6 +238,21 @@ class Warehouse:
         """(run_id, episode_id) -> episode row with its first turns (warehouse.series)."""
         return read_trajectories(self.root, wanted, max_turns=max_turns)
 
+    def episode(self, run_id: str, episode_id: str) -> tuple[EpisodeRecord, list[TurnRecord]] | None:
+        """One episode's current attempt and its turns (in order), as records; None when the
+        warehouse has no such episode. A replay or a fork reads its parent this way."""
+        check_run_id(run_id)
+        if not _EPISODE_ID_RE.match(episode_id):
+            raise WarehouseError(
+                f"invalid episode id {episode_id[:80]!r}: use 1-128 characters from A-Z a-z 0-9 . _ -"
+            )
+        where = f"episode_id = '{episode_id}'"
+        eps = self.episodes(run_id, where).to_pylist()
+        if not eps:
+            return None
+        turns = [turn_record(r) for r in self.turns(run_id, where).to_pylist()]
+        return episode_record(eps[0]), turns
+
     def _session(self, run_id: str, tables: tuple[str, ...]) -> WarehouseQuery:
         """A query session on one run's files; an invalid run id becomes a WarehouseError."""
         try:
@@ -263,6 +295,9 @@ class Warehouse:
                 + f" ORDER BY {order}"
             )
             return q.arrow(sql)
+
+
+_EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def _done(termination: str | None, include_infra: bool) -> bool:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from warehouse.cost import COST_VIEW_HELP, COST_VIEWS
 from warehouse.data_views import DATA_VIEW_HELP, DATA_VIEWS
+from warehouse.runlock import ABANDONED_NOTE
 from warehouse.series import SERIES_VIEW_HELP, SERIES_VIEWS
 
 
@@ -75,13 +76,20 @@ def _newest_batch(raw: str, labeller: str) -> str:
     """
 
 
+_NOTE = ABANDONED_NOTE.replace("'", "''")  # as a SQL string literal
+
 # The current state (re-records and re-scores resolved) and the common questions.
 BASE_VIEWS: tuple[View, ...] = (
     View(
         "runs",
-        help="one row per run: model, image, dataset hash, config (no secrets), started/ended",
-        sql="""
-        SELECT * FROM _raw_runs
+        help="one row per run: model, image, dataset hash, config (no secrets), started/ended; "
+        "a run recorded running whose process died shows as interrupted",
+        sql=f"""
+        SELECT * REPLACE (
+            CASE WHEN abandoned THEN 'interrupted' ELSE status END AS status,
+            CASE WHEN abandoned THEN concat_ws('; ', notes, '{_NOTE}') ELSE notes END
+              AS notes)
+        FROM (SELECT *, run_id IN (SELECT run_id FROM _abandoned_runs) AS abandoned FROM _raw_runs)
         QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY written_at DESC) = 1
     """,
     ),
@@ -356,6 +364,48 @@ BASE_VIEWS: tuple[View, ...] = (
     ),
 )
 
+# Branched episodes (issue #25): an episode forked from a live sandbox or replayed from a
+# recorded one names its parent (parent_run_id / parent_episode_id; a NULL parent_run_id
+# means the same run), the first turn it produced itself (branch_turn) and how
+# (branch_kind). An episode whose parent is not in the warehouse is a root of its own
+# tree (its parent columns still name it); parent links that form a cycle (never written
+# by sandflow) reach no root and are left out. Depth is bounded at 64 generations.
+EPISODE_TREE = View(
+    "episode_tree",
+    help=(
+        "one row per episode with its lineage: root, parent, depth, branch_turn, branch_kind "
+        "(fork | replay; NULL: started from its task), children"
+    ),
+    sql="""
+    WITH RECURSIVE tree(run_id, episode_id, root_run_id, root_episode_id, depth) AS (
+        SELECT e.run_id, e.episode_id, e.run_id, e.episode_id, 0
+        FROM episodes e
+        WHERE e.parent_episode_id IS NULL OR NOT EXISTS (
+            SELECT 1 FROM episodes p
+            WHERE p.run_id = coalesce(e.parent_run_id, e.run_id)
+              AND p.episode_id = e.parent_episode_id)
+        UNION ALL
+        SELECT c.run_id, c.episode_id, t.root_run_id, t.root_episode_id, t.depth + 1
+        FROM tree t JOIN episodes c
+          ON c.parent_episode_id = t.episode_id AND coalesce(c.parent_run_id, c.run_id) = t.run_id
+        WHERE t.depth < 64
+    ), kids AS (
+        SELECT coalesce(parent_run_id, run_id) AS run_id, parent_episode_id AS episode_id,
+               count(*) AS children
+        FROM episodes WHERE parent_episode_id IS NOT NULL GROUP BY ALL
+    )
+    SELECT t.root_run_id, t.root_episode_id, e.run_id, e.episode_id,
+           CASE WHEN e.parent_episode_id IS NOT NULL
+                THEN coalesce(e.parent_run_id, e.run_id) END AS parent_run_id,
+           e.parent_episode_id, t.depth, e.branch_turn, e.branch_kind,
+           coalesce(k.children, 0) AS children,
+           e.task_id, e.model, e.termination, e.num_turns, e.answer
+    FROM tree t JOIN episodes e USING (run_id, episode_id)
+         LEFT JOIN kids k USING (run_id, episode_id)
+""",
+)
+LINEAGE: tuple[View, ...] = (EPISODE_TREE,)
+
 # Nightly lineage and statistics (warehouse/series.py): created after the ones above,
 # which they read.
 SERIES: tuple[View, ...] = tuple(
@@ -373,7 +423,7 @@ COST: tuple[View, ...] = tuple(
     View(name, sql=sql, help=COST_VIEW_HELP.get(name, "")) for name, sql in COST_VIEWS.items()
 )
 
-VIEWS: tuple[View, ...] = (*BASE_VIEWS, *SERIES, *DATA, *COST)
+VIEWS: tuple[View, ...] = (*BASE_VIEWS, *LINEAGE, *SERIES, *DATA, *COST)
 
 # name -> help of every listed view, in creation order (what `sandflow sql` shows)
 VIEW_HELP: dict[str, str] = {v.name: v.help for v in VIEWS if v.help}

@@ -52,6 +52,16 @@ def _total(page: list[dict[str, Any]]) -> int:
     return int(page[0]["total"]) if page else 0
 
 
+def _attach(rows: list[dict[str, Any]], key: str, extra: list[dict[str, Any]], field: str) -> None:
+    """Give each row of a page the `extra` rows of its `key`, as the list `field` (one
+    query for the whole page, not one per row)."""
+    by_key: dict[Any, list[dict[str, Any]]] = {}
+    for x in extra:
+        by_key.setdefault(x[key], []).append(x)
+    for r in rows:
+        r[field] = by_key.get(r[key], [])
+
+
 @dataclass
 class EpisodeFilter:
     """The run page's filters (all optional); `from_query` ignores unknown values."""
@@ -189,12 +199,26 @@ def runs(
             """,
             [*ids, *ids],
         )
-        by_run: dict[str, list[dict[str, Any]]] = {}
-        for a in acc.rows:
-            by_run.setdefault(a["run_id"], []).append(a)
+        _attach(rows, "run_id", acc.rows, "accuracy")
+        costs = {c["run_id"]: c for c in run_costs(lw, ids)}
         for r in rows:
-            r["accuracy"] = by_run.get(r["run_id"], [])
+            r["cost"] = costs.get(r["run_id"])
     return rows, total
+
+
+def run_costs(lw: LiveWarehouse, run_ids: list[str]) -> list[dict[str, Any]]:
+    """`run_cost` rows of these runs (warehouse/cost.py: priced with the price table each
+    run recorded; cost_usd NULL = unknown, never 0). The filter on run_id reaches the
+    partitioned turns, so a page of runs reads only their turns."""
+    if not run_ids:
+        return []
+    return lw.fetch(
+        "SELECT run_id, models, turns, prompt_tokens, completion_tokens, cached_tokens, "
+        "reasoning_tokens, unpriced_turns, unpriced_episodes, cost_usd, known_cost_usd, "
+        "cost_per_episode, sandbox_cpu_s, sandbox_peak_memory_bytes "
+        f"FROM run_cost WHERE run_id IN ({_placeholders(len(run_ids))})",
+        run_ids,
+    ).rows
 
 
 def run_info(lw: LiveWarehouse, run_id: str) -> dict[str, Any] | None:
@@ -294,11 +318,7 @@ def episodes(
             """,
             [run_id, *ids],
         )
-        by_ep: dict[str, list[dict[str, Any]]] = {}
-        for c in caps.rows:
-            by_ep.setdefault(c["episode_id"], []).append(c)
-        for r in rows:
-            r["usage"] = by_ep.get(r["episode_id"], [])
+        _attach(rows, "episode_id", caps.rows, "usage")
     elif page > 0:
         total = episodes(lw, run_id, flt, 0)[1]
     return rows, total
@@ -523,3 +543,24 @@ def compare_runs(
     stats = {k: int(v or 0) for k, v in counts.items()}
     stats["shown_total"] = total
     return rows, stats
+
+
+# ---- branches (issue #25) ---------------------------------------------------------------
+MAX_BRANCHES = 6  # children shown beside their parent (columns); the rest are counted
+
+
+def tree_node(lw: LiveWarehouse, run_id: str, episode_id: str) -> dict[str, Any] | None:
+    """An episode's row of `episode_tree`: root, parent, depth, branch turn, kind, children."""
+    return lw.one(
+        "SELECT * FROM episode_tree WHERE run_id = ? AND episode_id = ?", [run_id, episode_id]
+    )
+
+
+def branches(lw: LiveWarehouse, run_id: str, episode_id: str) -> list[dict[str, Any]]:
+    """The children of an episode (at most MAX_BRANCHES + 1: one more says there are more),
+    earliest branch turn first."""
+    return lw.fetch(
+        "SELECT * FROM episode_tree WHERE parent_run_id = ? AND parent_episode_id = ? "
+        "ORDER BY branch_turn, run_id, episode_id LIMIT ?",
+        [run_id, episode_id, MAX_BRANCHES + 1],
+    ).rows
