@@ -92,6 +92,7 @@ PKGS=(bubblewrap slirp4netns debootstrap squid)  # squid: the egress proxy (netw
 PKGS+=(ulogd2 ulogd2-json)  # the egress firewall's refusals, recorded (sandbox/egress_firewall.py)
 PKGS+=(python3.11-doc)  # datasets: Python docs as long-context documents
 PKGS+=(libseccomp2)  # the bwrap sandbox's syscall filter, compiled by it (sandbox/seccomp.py)
+[ $WITH_ENGINE = 1 ] && PKGS+=(iproute2)  # `ip`: scripts/engine2.sh's bridge (the two-engine tests)
 if [ $WITH_ENGINE = 1 ] && ! command -v dockerd >/dev/null 2>&1 && ! timeout 10 docker info >/dev/null 2>&1; then
   PKGS+=(docker.io)
 fi
