@@ -99,7 +99,7 @@ class PrefectExecutor:
 
         task = make_episode_task(policy)
         wrap = _quote_for_runner()
-        futures: dict[Any, EpisodeSpec] = {}  # every future submitted (waited for on a stop)
+        futures: dict[Any, EpisodeSpec] = {}  # submitted, not yet handed back (waited for on a stop)
         clean = False
         try:
             pending = {task.submit(wrap(ep), *map(wrap, args)): ep for ep in episodes}
@@ -113,6 +113,7 @@ class PrefectExecutor:
                         out = fut.result()
                     except Exception as exc:  # retries exhausted (infra), a cancel, or a bug
                         _release(fut)
+                        futures.pop(fut, None)  # done: nothing to wait for on a stop
                         if _lost_with_the_scheduler(exc) and resubmitted.get(id(ep), 0) < RESUBMITS and not cancel.is_set():
                             # The Dask scheduler went away (restarted) and took every future
                             # with it; the client reconnects to its address by itself. The
@@ -126,6 +127,7 @@ class PrefectExecutor:
                         yield ep, exc
                         continue
                     _release(fut)
+                    futures.pop(fut, None)
                     yield ep, out
             clean = True
         except TerminationSignal:  # SIGTERM through Prefect's bridge: stop as Ctrl+C does
