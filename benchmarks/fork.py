@@ -8,6 +8,10 @@ plain variables, arrays, functions, aliases, options, umask, ulimits, cwd). Figu
               goal <= 50 ms (docker), <= 20 ms (bwrap)
   fork_fresh  parent.fork(1): the child's start included (no goal; start is benchmarks/sandbox.py's)
   floor       `cp -a` of the same places inside the parent (the copy the kernel alone does)
+  replay      a deterministic recorded episode (8 turns of state-building commands whose
+              output holds what legitimately varies: dates, temp names, pids, timings)
+              replayed to its last turn by `sandflow run --replay`'s library path:
+              replay_divergences goal 0 (replay_figures(), its own function)
 The last line printed is one JSON object with every figure.
 """
 
@@ -83,14 +87,75 @@ def bench(backend: str, rounds: int, fresh_rounds: int) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------- replay (tasks/replay.py)
+REPLAY_STEPS = [
+    "mkdir -p /testbed/work && cd /testbed/work && export RUN=demo && umask 027",
+    "seq 1 2000 > numbers.txt && wc -l numbers.txt && mktemp",
+    "python3 -c 'import time; t=time.time(); print(sum(range(10**6)), t)' && date",
+    "echo pid $$ && ls -la --time-style=+%s . | awk '{print $1, $NF}'",
+    "f() { echo got:$1; }; f $RUN; printf 'a\\nb\\n' > two.txt; cat -n two.txt",
+    "time (sort -r numbers.txt | head -3)",
+    "python3 -c 'import tempfile; print(tempfile.mkdtemp())' | sed 's/[0-9a-z_]*$/X/'; pwd",
+    "sha256sum numbers.txt two.txt && echo $RUN && umask",
+]
+
+
+def replay_figures() -> dict[str, Any]:
+    """Record a deterministic 9-turn episode (scripted model over real HTTP, Docker, a real
+    warehouse), then replay its 8 tool turns in a fresh sandbox and count divergences."""
+    import tempfile
+
+    from datasets_prep.task import make_task
+    from engine.replay import plan_replay
+    from tasks.loop import Limits, run_episode
+    from tasks.model import ModelConfig
+    from tasks.records import NullRecorder
+    from tasks.replay import replay_episode
+    from tests.scripted_model import ScriptedModel, tool_reply
+    from warehouse import Warehouse
+
+    task = make_task({"id": "replay-bench", "domain": "math", "problem_statement": "Build it.",
+                      "ground_truth": "1", "input_files": {"seed.txt": "7\n"}}, "bench")  # fmt: skip
+    sb = SandboxConfig(run_id="bench-replay", limits=SandboxLimits(network="none"))
+    with tempfile.TemporaryDirectory(prefix="sandflow-bench-") as tmp, ScriptedModel() as server:
+        cfg = ModelConfig(model="scripted", base_url=server.url, max_retries=1)
+        server.push(*[tool_reply("execute_bash", {"command": c}) for c in REPLAY_STEPS],
+                    tool_reply("submit", {}))  # fmt: skip
+        wh = Warehouse(tmp)
+        wh.write_run("bench-parent", model="scripted", status="running")
+        wh.keep_tasks("bench-parent", [task])
+        t0 = time.perf_counter()
+        with wh.writer(durability="flush") as w:
+            parent = run_episode(task, cfg, sb, w, run_id="bench-parent", limits=Limits(max_steps=12))
+        parent_s = time.perf_counter() - t0
+        assert parent.record.termination == "submitted", parent.record
+        k = len(REPLAY_STEPS)
+        plan = plan_replay(tmp, f"bench-parent/{parent.record.episode_id}", k)
+        server.push(tool_reply("submit", {}))
+        t0 = time.perf_counter()
+        played = replay_episode(plan.task, plan.parent, plan.turns, k, cfg, sb, NullRecorder(),
+                                run_id="bench-replay", allow_divergence=True)  # fmt: skip
+        replay_s = time.perf_counter() - t0
+    check = played.check
+    for d in check.divergences:
+        print(d.describe())
+    print(f"replay  {k} turns, {check.calls} calls re-run in {replay_s:.2f} s (the parent took "
+          f"{parent_s:.2f} s): {check.total} divergence(s) (goal 0)")
+    return {"replay_divergences": check.total, "replay_calls": check.calls, "replay_turns": k,
+            "replay_s": replay_s, "replay_parent_s": parent_s, "replay_pass": check.total == 0}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--fresh-rounds", type=int, default=5)
     ap.add_argument("--no-bwrap", action="store_true")
+    ap.add_argument("--no-replay", action="store_true", help="skip the replay figures")
+    ap.add_argument("--replay-only", action="store_true", help="only the replay figures")
     args = ap.parse_args()
     fig: dict[str, Any] = {"benchmark": "fork"}
-    for backend in ("docker",) if args.no_bwrap else ("docker", "bwrap"):
+    backends = () if args.replay_only else ("docker",) if args.no_bwrap else ("docker", "bwrap")
+    for backend in backends:
         r = bench(backend, args.rounds, args.fresh_rounds)
         sfx = "" if backend == "docker" else "_bwrap"
         fig[f"fork_p50_ms{sfx}"] = r["p50_ms"]
@@ -106,6 +171,8 @@ def main() -> None:
             f"floor cp -a {r['floor_p50_ms']:6.1f} ms  ratio {r['p50_ms'] / r['floor_p50_ms']:.2f}x  "
             f"({r['bytes']} bytes, {r['files']} files)"
         )
+    if not args.no_replay:
+        fig.update(replay_figures())
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in fig.items()}))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datasets_prep.task import Task
 from engine.cancel import CancelToken
@@ -22,12 +22,17 @@ from tasks.model import ModelConfig
 from tasks.spec import RunSpec
 from tasks.trajectory import write_trajectory
 
+if TYPE_CHECKING:
+    from engine.replay import ReplayPlan
+    from tasks.replay import ReplayCheck
+
 
 @dataclass
 class SingleResult:
     result: EpisodeResult
     folder: Path
     model: ModelConfig  # what served it (the embedded model's address and name included)
+    replay: ReplayCheck | None = None  # a replay's check of the rebuilt prefix
 
 
 def run_single(
@@ -40,6 +45,7 @@ def run_single(
     on_event: EventHook | None = None,
     on_ready: Callable[[ModelConfig], object] | None = None,
     cancel: CancelToken | None = None,
+    replay: ReplayPlan | None = None,
 ) -> SingleResult:
     """Run `task` once as `spec` says (mode, model, limits, sandbox), recorded in `folder`.
 
@@ -47,6 +53,10 @@ def run_single(
     sandbox starts or any file is written; tasks.local_model.LocalModelError when the
     embedded model cannot start; KeyboardInterrupt after recording the episode as
     interrupted (partial records stay in the folder).
+
+    replay (engine.replay.plan_replay): rebuild that episode's state to its turn and go on
+    from there (tasks.replay.replay_episode); ReplayError / ReplayDiverged propagate (the
+    run is recorded `failed`, with no episode).
     """
     from tasks.journal import JournalRecorder
     from tasks.local_model import endpoint
@@ -60,13 +70,30 @@ def run_single(
         with JournalRecorder(folder / "records.jsonl") as journal:
             recorder, finish = _with_warehouse(journal, spec.warehouse, run_id, cfg, task)
             status = "interrupted"
+            check = None
             try:
-                result = run_episode(
-                    task, cfg, spec.to_sandbox_config(run_id), recorder, mode=spec.mode,  # type: ignore[arg-type]
-                    run_id=run_id, limits=spec.to_limits(),
-                    output_dir=files if spec.mode == "sandbox" else None,
-                    on_event=on_event, prompt_dir=spec.prompt_dir, cancel=cancel,
-                )  # fmt: skip
+                if replay is not None:
+                    from tasks.replay import ReplayDiverged, ReplayError, replay_episode
+
+                    try:
+                        played = replay_episode(
+                            task, replay.parent, replay.turns, replay.until_turn, cfg,
+                            spec.to_sandbox_config(run_id), recorder, run_id=run_id,
+                            limits=spec.to_limits(), ignore=replay.ignore,
+                            allow_divergence=replay.allow_divergence, output_dir=files,
+                            prompt_dir=spec.prompt_dir, on_event=on_event, cancel=cancel,
+                        )  # fmt: skip
+                    except (ReplayDiverged, ReplayError):
+                        status = "failed"
+                        raise
+                    result, check = played.result, played.check
+                else:
+                    result = run_episode(
+                        task, cfg, spec.to_sandbox_config(run_id), recorder, mode=spec.mode,  # type: ignore[arg-type]
+                        run_id=run_id, limits=spec.to_limits(),
+                        output_dir=files if spec.mode == "sandbox" else None,
+                        on_event=on_event, prompt_dir=spec.prompt_dir, cancel=cancel,
+                    )  # fmt: skip
                 status = "failed" if result.record.is_infra_failure else "finished"
                 if result.record.termination == "interrupted":
                     status = "interrupted"
@@ -77,7 +104,7 @@ def run_single(
     if spec.mode == "llm" and rec.answer is not None:
         files.mkdir(parents=True, exist_ok=True)
         (files / "answer.txt").write_text(rec.answer + "\n", encoding="utf-8")
-    return SingleResult(result, folder, cfg)
+    return SingleResult(result, folder, cfg, check)
 
 
 def _with_warehouse(

@@ -40,6 +40,7 @@ from sandbox import labels as L
 from sandbox import registry, settings
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.deadline import bounded
+from sandbox.image import SANDBOX_UID
 
 log = logging.getLogger("sandflow.sandbox")
 
@@ -49,6 +50,9 @@ IDLE_S = 30.0  # an idle holder is removed after this long
 MAX_AGE_S = 3600.0  # a holder is retired (not reused) once this old
 HOLDER_TTL_S = 6 * 3600  # gc's backstop label; holders retire long before
 HOLDER_ARGV = ["cat"]  # idles on stdin; exits on EOF (our connection dropped)
+# In no host passwd, and not the sandboxes' uid (a sandbox joins the holder's network
+# namespace, never its processes): image.SANDBOX_UID + 1.
+HOLDER_UID = SANDBOX_UID + 1
 
 
 def enabled(network: str) -> bool:
@@ -165,7 +169,8 @@ class HolderPool:
         return labels
 
     def _create(self) -> Holder:
-        """Start a holder: `cat` as uid 1000, nothing writable, no caps, tiny limits."""
+        """Start a holder: `cat` as HOLDER_UID (no host account, not the sandboxes' uid),
+        nothing writable, no caps, tiny limits."""
         import docker.errors
         from docker.types import LogConfig
 
@@ -187,7 +192,7 @@ class HolderPool:
                 lambda: self.api.create_container(
                     self.image,
                     HOLDER_ARGV,
-                    user="1000:1000",
+                    user=f"{HOLDER_UID}:{HOLDER_UID}",
                     hostname="sandbox",  # a sandbox that joins this namespace gets this hostname
                     labels=self._labels(),
                     stdin_open=True,

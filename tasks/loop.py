@@ -107,6 +107,20 @@ class EpisodeResult:
     output_files: list[Path] = field(default_factory=list)
 
 
+@dataclass
+class EpisodePrefix:
+    """Where an episode starts when it continues another one (tasks.replay): the turns
+    already taken (the parent's, recorded again under the new episode's ids), the
+    history they make, and the lineage the record carries. The sandbox handed to
+    run_episode already holds the state those turns left (inputs placed)."""
+
+    prompt_messages: list[dict[str, Any]]  # the parent's system + task messages
+    messages: list[dict[str, Any]]  # prompt_messages + every message of `turns`
+    turns: list[TurnRecord]
+    lineage: dict[str, Any]  # parent_run_id, parent_episode_id, branch_turn, branch_kind
+    config: dict[str, Any] = field(default_factory=dict)  # merged into record.config
+
+
 class _End(Exception):
     """Internal: stop the loop with this termination reason."""
 
@@ -136,6 +150,7 @@ def run_episode(
     prompt_dir: str | None = None,
     on_event: EventHook | None = None,
     cancel: CancelCheck | None = None,
+    prefix: EpisodePrefix | None = None,
 ) -> EpisodeResult:
     """Run one episode of `task` and record it; never raises for model or sandbox failures.
 
@@ -158,6 +173,9 @@ def run_episode(
             returns; as `budget_exhausted` when the token says so (`termination`: the
             run's budget was reached, engine.budget). A sandbox or model failure while it is set (the canceller removed the
             sandbox or closed the client under us) is `interrupted` too, not infrastructure.
+        prefix: continue from these turns (tasks.replay): mode "sandbox" and `sandbox`
+            (its state already rebuilt) are required; the model is first asked at turn
+            len(prefix.turns), and `limits.max_steps` counts the prefix's turns too.
 
     Raises:
         KeyboardInterrupt: after recording the episode as "interrupted".
@@ -171,7 +189,13 @@ def run_episode(
         task, model_cfg, prompts, limits, record, recorder, messages, on_event, client
     )
     episode.cancel = cancel
+    if prefix is not None:
+        if mode != "sandbox" or sandbox is None:
+            raise ValueError("run_episode(prefix=...) needs mode 'sandbox' and the rebuilt sandbox")
+        _take_prefix(episode, prefix)
     recorder.start_episode(record)
+    for turn in episode.turns:  # a prefix's turns, recorded as this episode's
+        recorder.record_turn(turn)
     owned: Sandbox | None = None
     try:
         if mode == "llm":
@@ -179,7 +203,7 @@ def run_episode(
         else:
             if sandbox is None:
                 owned = sandbox = _open_sandbox(_sandbox_config(sandbox_cfg, record, task))
-            episode.run_sandbox(sandbox, output_dir)
+            episode.run_sandbox(sandbox, output_dir, start=len(episode.turns))
     except _End as end:
         episode.end(end, sandbox)
     except KeyboardInterrupt:
@@ -354,6 +378,40 @@ class SteppedEpisode:
                 self._owned.close()
 
 
+def _take_prefix(episode: _Episode, prefix: EpisodePrefix) -> None:
+    """Start `episode` where `prefix` ends: its history, its turns (under this episode's
+    ids), its lineage; the context budget counts from the prefix's last request."""
+    record = episode.record
+    episode.messages[:] = [dict(m) for m in prefix.messages]
+    record.prompt_messages = [dict(m) for m in prefix.prompt_messages]
+    for name, value in prefix.lineage.items():
+        setattr(record, name, value)
+    record.config = {**record.config, **prefix.config}
+    ids = {"run_id": record.run_id, "episode_id": record.episode_id}
+    episode.turns = [t.model_copy(update=ids, deep=True) for t in prefix.turns]
+    last = next((t.usage for t in reversed(episode.turns) if t.usage.prompt_tokens is not None), None)
+    if last is not None:
+        episode.last_total_tokens = (last.prompt_tokens or 0) + (last.completion_tokens or 0)
+
+
+def load_task_prompts(task: Task, prompt_dir: str | None) -> PromptSet:
+    """The prompts of `task`'s domain (a task may name its own input directory)."""
+    prompts = load_prompts(task.domain, prompt_dir)
+    if task.metadata.get("input_dir"):
+        prompts = PromptSet(prompts.domain, {**prompts.values, "input_dir": str(task.metadata["input_dir"])})
+    return prompts
+
+
+def place_inputs(sandbox: Sandbox, prompts: PromptSet, task: Task) -> None:
+    """The task's directories and input files in the sandbox; SandboxError if that fails."""
+    dirs = " ".join(shlex.quote(d) for d in (prompts.working_dir, prompts.input_dir, prompts.output_dir))
+    r = sandbox.exec(f"mkdir -p {dirs}", timeout=60)
+    if r.exit_code != 0:
+        raise SandboxError(f"mkdir of the task directories failed: {r.stderr.strip()}")
+    for name, data in task.input_files.items():
+        sandbox.write_file(posixpath.join(prompts.input_dir, name), data)  # parents created
+
+
 def _prepare(
     task: Task,
     model_cfg: ModelConfig,
@@ -366,9 +424,7 @@ def _prepare(
 ) -> tuple[PromptSet, list[dict[str, Any]], EpisodeRecord]:
     """The prompts, the first messages and the record of a new episode (nothing started)."""
     _check_task(task)
-    prompts = load_prompts(task.domain, prompt_dir)
-    if task.metadata.get("input_dir"):  # a task may name its own input directory
-        prompts = PromptSet(prompts.domain, {**prompts.values, "input_dir": str(task.metadata["input_dir"])})
+    prompts = load_task_prompts(task, prompt_dir)
     episode_id = episode_key(run_id, task.id, mode, sample_index)
     messages = prompts.llm_messages(task) if mode == "llm" else prompts.sandbox_messages(task)
     record = EpisodeRecord(
@@ -673,33 +729,29 @@ class _Episode:
         self.recorder.record_turn(turn)
 
     # -- sandbox mode ------------------------------------------------------------
-    def run_sandbox(self, sandbox: Sandbox, output_dir: Path | str | None) -> None:
+    def run_sandbox(self, sandbox: Sandbox, output_dir: Path | str | None, start: int = 0) -> None:
+        """The loop from turn `start` (0: a new episode, its inputs placed first)."""
         try:
             self.watch_egress(sandbox)
-            self._place_inputs(sandbox)
+            if start == 0:
+                self._place_inputs(sandbox)
             toolbox = ToolBox(sandbox, self.limits.max_observation_chars)
             # The wall clock is the model's time (its calls and its commands): opening the
             # sandbox and placing the inputs (a busy engine) must not use it up.
             if self.limits.wall_clock_s:
                 self.deadline = time.monotonic() + self.limits.wall_clock_s
-            self._loop(toolbox)
+            self._loop(toolbox, start)
         finally:
             self._collect(sandbox, output_dir)
 
     def _place_inputs(self, sandbox: Sandbox) -> None:
-        p = self.prompts
-        dirs = " ".join(shlex.quote(d) for d in (p.working_dir, p.input_dir, p.output_dir))
         try:
-            r = sandbox.exec(f"mkdir -p {dirs}", timeout=60)
-            if r.exit_code != 0:
-                raise SandboxError(f"mkdir of the task directories failed: {r.stderr.strip()}")
-            for name, data in self.task.input_files.items():
-                sandbox.write_file(posixpath.join(p.input_dir, name), data)  # parents created
+            place_inputs(sandbox, self.prompts, self.task)
         except SandboxError as exc:
             raise _End("sandbox_error", f"placing the task's input files failed: {exc}") from None
 
-    def _loop(self, toolbox: ToolBox) -> None:
-        for step in range(self.limits.max_steps):
+    def _loop(self, toolbox: ToolBox, start: int = 0) -> None:
+        for step in range(start, self.limits.max_steps):
             started = _now()
             self.on_event("request", step)
             reply = self.ask(TOOL_SCHEMAS)

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, Field
 
 Mode = Literal["sandbox", "llm"]
+BranchKind = Literal["fork", "replay"]  # how a child episode got its parent's state
 Termination = Literal[
     "submitted",  # the model called submit (or, in LLM mode, answered)
     "max_steps",
@@ -150,6 +151,15 @@ class EpisodeRecord(BaseModel):
     # LLM mode, or the backend cannot tell (unknown, never 0).
     sandbox_cpu_s: float | None = None
     sandbox_peak_memory_bytes: int | None = None
+    # Lineage (issue #25; None for an episode that started from its task): the episode this
+    # one branched from, the first turn it produced itself (its turns before `branch_turn`
+    # are the parent's, message for message) and how the parent's state was carried over:
+    # "fork" (the live sandbox copied, sandbox.fork) or "replay" (the recorded tool calls
+    # re-run in a fresh sandbox, tasks.replay). The `episode_tree` view reads them.
+    parent_run_id: str | None = None
+    parent_episode_id: str | None = None
+    branch_turn: int | None = None
+    branch_kind: BranchKind | None = None
 
     @property
     def is_infra_failure(self) -> bool:

@@ -8,6 +8,7 @@ scores and usage labels, read episodes and turns back, compact, query.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime
@@ -17,7 +18,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from datasets_prep.task import Task, TaskSet
-from tasks.records import INFRA_TERMINATIONS, episode_key
+from tasks.records import INFRA_TERMINATIONS, EpisodeRecord, TurnRecord, episode_key
 from warehouse.compact import CompactionResult, compact_run
 from warehouse.convert import episode_record, turn_record
 from warehouse.dataitems import write_data_items
@@ -221,6 +222,21 @@ class Warehouse:
         """(run_id, episode_id) -> episode row with its first turns (warehouse.series)."""
         return read_trajectories(self.root, wanted, max_turns=max_turns)
 
+    def episode(self, run_id: str, episode_id: str) -> tuple[EpisodeRecord, list[TurnRecord]] | None:
+        """One episode's current attempt and its turns (in order), as records; None when the
+        warehouse has no such episode. A replay or a fork reads its parent this way."""
+        check_run_id(run_id)
+        if not _EPISODE_ID_RE.match(episode_id):
+            raise WarehouseError(
+                f"invalid episode id {episode_id[:80]!r}: use 1-128 characters from A-Z a-z 0-9 . _ -"
+            )
+        where = f"episode_id = '{episode_id}'"
+        eps = self.episodes(run_id, where).to_pylist()
+        if not eps:
+            return None
+        turns = [turn_record(r) for r in self.turns(run_id, where).to_pylist()]
+        return episode_record(eps[0]), turns
+
     def _session(self, run_id: str, tables: tuple[str, ...]) -> WarehouseQuery:
         """A query session on one run's files; an invalid run id becomes a WarehouseError."""
         try:
@@ -263,6 +279,9 @@ class Warehouse:
                 + f" ORDER BY {order}"
             )
             return q.arrow(sql)
+
+
+_EPISODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def _done(termination: str | None, include_infra: bool) -> bool:

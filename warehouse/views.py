@@ -356,6 +356,48 @@ BASE_VIEWS: tuple[View, ...] = (
     ),
 )
 
+# Branched episodes (issue #25): an episode forked from a live sandbox or replayed from a
+# recorded one names its parent (parent_run_id / parent_episode_id; a NULL parent_run_id
+# means the same run), the first turn it produced itself (branch_turn) and how
+# (branch_kind). An episode whose parent is not in the warehouse is a root of its own
+# tree (its parent columns still name it); parent links that form a cycle (never written
+# by sandflow) reach no root and are left out. Depth is bounded at 64 generations.
+EPISODE_TREE = View(
+    "episode_tree",
+    help=(
+        "one row per episode with its lineage: root, parent, depth, branch_turn, branch_kind "
+        "(fork | replay; NULL: started from its task), children"
+    ),
+    sql="""
+    WITH RECURSIVE tree(run_id, episode_id, root_run_id, root_episode_id, depth) AS (
+        SELECT e.run_id, e.episode_id, e.run_id, e.episode_id, 0
+        FROM episodes e
+        WHERE e.parent_episode_id IS NULL OR NOT EXISTS (
+            SELECT 1 FROM episodes p
+            WHERE p.run_id = coalesce(e.parent_run_id, e.run_id)
+              AND p.episode_id = e.parent_episode_id)
+        UNION ALL
+        SELECT c.run_id, c.episode_id, t.root_run_id, t.root_episode_id, t.depth + 1
+        FROM tree t JOIN episodes c
+          ON c.parent_episode_id = t.episode_id AND coalesce(c.parent_run_id, c.run_id) = t.run_id
+        WHERE t.depth < 64
+    ), kids AS (
+        SELECT coalesce(parent_run_id, run_id) AS run_id, parent_episode_id AS episode_id,
+               count(*) AS children
+        FROM episodes WHERE parent_episode_id IS NOT NULL GROUP BY ALL
+    )
+    SELECT t.root_run_id, t.root_episode_id, e.run_id, e.episode_id,
+           CASE WHEN e.parent_episode_id IS NOT NULL
+                THEN coalesce(e.parent_run_id, e.run_id) END AS parent_run_id,
+           e.parent_episode_id, t.depth, e.branch_turn, e.branch_kind,
+           coalesce(k.children, 0) AS children,
+           e.task_id, e.model, e.termination, e.num_turns, e.answer
+    FROM tree t JOIN episodes e USING (run_id, episode_id)
+         LEFT JOIN kids k USING (run_id, episode_id)
+""",
+)
+LINEAGE: tuple[View, ...] = (EPISODE_TREE,)
+
 # Nightly lineage and statistics (warehouse/series.py): created after the ones above,
 # which they read.
 SERIES: tuple[View, ...] = tuple(
@@ -373,7 +415,7 @@ COST: tuple[View, ...] = tuple(
     View(name, sql=sql, help=COST_VIEW_HELP.get(name, "")) for name, sql in COST_VIEWS.items()
 )
 
-VIEWS: tuple[View, ...] = (*BASE_VIEWS, *SERIES, *DATA, *COST)
+VIEWS: tuple[View, ...] = (*BASE_VIEWS, *LINEAGE, *SERIES, *DATA, *COST)
 
 # name -> help of every listed view, in creation order (what `sandflow sql` shows)
 VIEW_HELP: dict[str, str] = {v.name: v.help for v in VIEWS if v.help}

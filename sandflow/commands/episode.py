@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("run", rich_help_panel="Episodes")
     def run(
-        query: str = typer.Option(..., "--query", "-q", help="The task, in plain words."),
+        query: str | None = typer.Option(None, "--query", "-q", help="The task, in plain words (required unless --replay)."),
         input_dir: Path | None = typer.Option(
             None, "--input-dir", "-i", exists=True, file_okay=False, dir_okay=True, readable=True,
             help="Files to give the model; placed in the sandbox's input dir (/testbed/documents). "
@@ -170,6 +170,26 @@ def register(app: typer.Typer) -> None:
             help="A folder of prompt YAML files (general.yaml, <domain>.yaml) overriding the packaged ones.",
         ),
         quiet: bool = typer.Option(False, "--quiet", help="No live view; only the summary line."),
+        replay: str | None = typer.Option(
+            None, "--replay", rich_help_panel="Replay",
+            help="RUN/EPISODE of the warehouse (--warehouse, else the configured one): rebuild its "
+            "sandbox by re-running its recorded tool calls of turns < --until-turn in a fresh sandbox, "
+            "check each result against the recording, then let --model go on from its recorded "
+            "messages. Recorded there as a new episode with its parent and branch turn (docs/rl.md, \"Replay\").",
+        ),
+        until_turn: int | None = typer.Option(
+            None, "--until-turn", min=0, rich_help_panel="Replay",
+            help="With --replay: the turn the new model starts at (its turns before are replayed).",
+        ),
+        replay_ignore: list[str] = typer.Option(
+            [], "--replay-ignore", rich_help_panel="Replay",
+            help="With --replay: a regex of output text that may differ (repeatable), masked on both "
+            "sides beside the built-in rule (durations, times, pids, temp names).",
+        ),
+        allow_divergence: bool = typer.Option(
+            False, "--allow-divergence", rich_help_panel="Replay",
+            help="With --replay: go on after a divergence (kept in the episode's config) instead of stopping.",
+        ),
     ) -> None:
         """Solve one task with a model in a sandbox, showing every turn live.
 
@@ -188,6 +208,8 @@ def register(app: typer.Typer) -> None:
           sandflow run -q "Which play mentions Verona most?" -i ./plays --domain long_context
 
           sandflow run -q "What is 2**100?" --mode llm
+
+          sandflow run --replay RUN/EPISODE --until-turn 3 -m other-model --warehouse wh
         """
         from pydantic import ValidationError
 
@@ -197,9 +219,19 @@ def register(app: typer.Typer) -> None:
         from sandflow.config import load_settings
         from tasks.local_model import LocalModelError
         from tasks.prompts import domains, load_prompts
+        from tasks.replay import ReplayDiverged, ReplayError
         from tasks.spec import RunSpec
 
-        if not query.strip():
+        if replay is not None:
+            if query is not None or input_dir is not None or mode != ModeChoice.sandbox:
+                raise _fail("--replay takes the task from the recorded run: drop --query, --input-dir and --mode")
+            if until_turn is None:
+                raise _fail("--replay needs --until-turn K: the turn the model starts at")
+        elif until_turn is not None or replay_ignore or allow_divergence:
+            raise _fail("--until-turn, --replay-ignore and --allow-divergence go with --replay RUN/EPISODE")
+        elif query is None:
+            raise _fail("--query is required: say what the model should do (or --replay RUN/EPISODE)")
+        elif not query.strip():
             raise _fail("--query is empty: say what the model should do")
         if domain not in ["general", *domains()]:
             raise _fail(f"unknown --domain {domain!r}: use one of general, {', '.join(domains())}")
@@ -228,7 +260,7 @@ def register(app: typer.Typer) -> None:
                 prompt_dir=str(prompt_dir) if prompt_dir else None, backend=settings.backend,
                 image=settings.image, network=settings.network,
                 sandbox_runtime=settings.sandbox_runtime,
-                warehouse=str(warehouse) if warehouse else None,
+                warehouse=str(warehouse or (settings.warehouse if replay else "")) or None,
             )
             spec.to_model_config(), spec.to_limits(), spec.to_sandbox_config()  # every value checked now
         except ValidationError as exc:
@@ -241,13 +273,22 @@ def register(app: typer.Typer) -> None:
         run_dir = output_dir / stamp
         # An ad-hoc query has no ground truth: every other check of a task holds (names,
         # sizes, UTF-8, no secret of the environment in the query or the files).
+        plan = None
         try:
-            task = make_task(
-                {"id": f"adhoc-{stamp}", "domain": domain, "problem_statement": query,
-                 "ground_truth": None, "input_files": _read_inputs(input_dir)},
-                "--query/--input-dir", adhoc=True,
-            )
-        except TaskValidationError as exc:
+            if replay is not None:
+                from engine.replay import plan_replay
+
+                assert spec.warehouse is not None and until_turn is not None
+                plan = plan_replay(spec.warehouse, replay, until_turn, ignore=tuple(replay_ignore),
+                                   allow_divergence=allow_divergence)  # fmt: skip
+                task = plan.task
+            else:
+                task = make_task(
+                    {"id": f"adhoc-{stamp}", "domain": domain, "problem_statement": query,
+                     "ground_truth": None, "input_files": _read_inputs(input_dir)},
+                    "--query/--input-dir", adhoc=True,
+                )
+        except (TaskValidationError, ValueError) as exc:  # ReplayError is a ValueError
             raise _fail(str(exc)) from None
         view = LiveView(quiet)
 
@@ -257,7 +298,13 @@ def register(app: typer.Typer) -> None:
 
         try:
             done = run_single(task, spec, run_dir, run_id=f"run-{stamp}", model_given=bool(settings.model),
-                              on_event=view, on_ready=ready)  # fmt: skip
+                              on_event=view, on_ready=ready, replay=plan)  # fmt: skip
+        except ReplayDiverged as exc:
+            view._spin(None)
+            raise _fail(f"{exc}\nNothing was recorded; --replay-ignore REGEX masks output that may "
+                        "differ, --allow-divergence goes on anyway.", EXIT_FAILED) from None
+        except ReplayError as exc:
+            raise _fail(str(exc), EXIT_INFRA) from None
         except RunConfigError as exc:
             raise _fail(str(exc)) from None
         except LocalModelError as exc:
@@ -274,6 +321,12 @@ def register(app: typer.Typer) -> None:
             f"({rec.prompt_tokens} prompt + {rec.completion_tokens} completion tokens); "
             f"answer: {answer or '-'}; saved to {run_dir}"
         )
+        if done.replay is not None:
+            typer.echo(
+                f"replayed {done.replay.calls} tool call(s) of turns < {until_turn} of {replay}: "
+                f"{done.replay.total} divergence(s); parent {rec.parent_run_id}/{rec.parent_episode_id}, "
+                f"branch turn {rec.branch_turn}; warehouse {spec.warehouse}"
+            )
         if rec.error and rec.termination != "submitted":
             typer.secho(f"{rec.termination}: {rec.error}", err=True, fg=typer.colors.YELLOW)
         typer.echo(summary)

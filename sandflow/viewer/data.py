@@ -523,3 +523,24 @@ def compare_runs(
     stats = {k: int(v or 0) for k, v in counts.items()}
     stats["shown_total"] = total
     return rows, stats
+
+
+# ---- branches (issue #25) ---------------------------------------------------------------
+MAX_BRANCHES = 6  # children shown beside their parent (columns); the rest are counted
+
+
+def tree_node(lw: LiveWarehouse, run_id: str, episode_id: str) -> dict[str, Any] | None:
+    """An episode's row of `episode_tree`: root, parent, depth, branch turn, kind, children."""
+    return lw.one(
+        "SELECT * FROM episode_tree WHERE run_id = ? AND episode_id = ?", [run_id, episode_id]
+    )
+
+
+def branches(lw: LiveWarehouse, run_id: str, episode_id: str) -> list[dict[str, Any]]:
+    """The children of an episode (at most MAX_BRANCHES + 1: one more says there are more),
+    earliest branch turn first."""
+    return lw.fetch(
+        "SELECT * FROM episode_tree WHERE parent_run_id = ? AND parent_episode_id = ? "
+        "ORDER BY branch_turn, run_id, episode_id LIMIT ?",
+        [run_id, episode_id, MAX_BRANCHES + 1],
+    ).rows

@@ -147,7 +147,8 @@ def test_holder_is_locked_down_and_labelled(open_docker: Callable[..., DockerSan
     sb = open_docker("locked")
     info = sb.api.inspect_container(_holder_id(sb))
     cfg, host = info["Config"], info["HostConfig"]
-    assert cfg["Cmd"] == netns.HOLDER_ARGV and cfg["User"] == "1000:1000"
+    assert cfg["Cmd"] == netns.HOLDER_ARGV and cfg["User"] == f"{netns.HOLDER_UID}:{netns.HOLDER_UID}"
+    assert netns.HOLDER_UID >= 2_000_000_000  # no host account
     assert cfg["Hostname"] == "sandbox" and cfg["StdinOnce"] and cfg["OpenStdin"]
     assert host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"]
     assert host["SecurityOpt"] == ["no-new-privileges"] and host["NetworkMode"] == "none"

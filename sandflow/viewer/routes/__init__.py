@@ -3,6 +3,7 @@
     runs.py      /, /runs/{run}, /runs/{run}/live            runs and a run's episodes
     episodes.py  /runs/{run}/episodes/{ep}[/live], /episode/{ep}   one episode's turns
     compare.py   /compare (two episodes), /compare-runs (two runs, task by task)
+    tree.py      /tree?ep=RUN/EPISODE                          a parent and its branches side by side
     sql.py       /sql                                         the read-only SQL box
     health.py    /healthz, /favicon.ico
 
@@ -12,6 +13,6 @@ page: a handler in the router of its group (or a new router listed in ROUTERS).
 
 from __future__ import annotations
 
-from sandflow.viewer.routes import compare, episodes, health, runs, sql
+from sandflow.viewer.routes import compare, episodes, health, runs, sql, tree
 
-ROUTERS = (runs.router, episodes.router, compare.router, sql.router, health.router)
+ROUTERS = (runs.router, episodes.router, compare.router, tree.router, sql.router, health.router)

@@ -23,6 +23,7 @@ def episode_page(request: Request, run_id: str, episode_id: str, pages: PagesDep
         ctx["others"] = (
             data.same_task(pages.lw, task, ctx["run_id"], ctx["episode_id"]) if task else []
         )
+        ctx["tree"] = data.tree_node(pages.lw, ctx["run_id"], ctx["episode_id"]) if ctx["ep"] else None
         return ctx
 
     return pages.page("episode.html.j2", request, build)

@@ -1,0 +1,174 @@
+"""Replay (issue #25): `sandflow run --replay RUN/EPISODE --until-turn K` rebuilds a recorded
+episode's sandbox by re-running its tool calls in a fresh one, checks every observation
+against the recording, and lets another model go on from the recorded messages.
+
+Real parts: the Docker engine, the warehouse (Parquet + DuckDB), the scripted model over
+real HTTP, the CLI through typer's runner. The parent's commands leave state of every kind
+a replay must rebuild (a file, an exported variable, the working directory) and print
+what legitimately varies (a mktemp name, the date, a pid, `time`'s durations)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sandflow.cli import app
+from tasks.records import Observation
+from tasks.replay import Divergence, compare, mask
+from tests.scripted_model import ScriptedModel, text_reply, tool_reply
+from warehouse import Warehouse
+
+runner = CliRunner()
+
+# The parent: state of each kind, and output that varies from run to run.
+PARENT = [
+    tool_reply("execute_bash", {"command": (
+        "mkdir -p /testbed/work && cd /testbed/work && cp ../documents/numbers.txt . && "
+        "export FOO=bar && echo x=1 > state.txt && mktemp && date && echo pid $$ && "
+        "python3 -c 'import time; print(time.time())'"
+    )}, content="Setting up."),  # fmt: skip
+    tool_reply("execute_bash", {"command": "cat state.txt numbers.txt; echo $FOO; pwd; time true"}),
+    text_reply("Thinking."),  # no tool call: the loop's nudge follows
+    tool_reply("execute_bash", {"command": "echo x=2 > state.txt && cat state.txt"}),
+    tool_reply("submit", {}),
+]
+
+
+def _flat(text: str) -> str:
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def _record_parent(model: ScriptedModel, tmp_path: Path, script: list | None = None) -> tuple[Path, str, str]:
+    """A parent recorded as runs record episodes: its task kept with the run (a task's
+    files are part of the state), every turn in the warehouse."""
+    from datasets_prep.task import make_task
+    from tasks.loop import Limits, run_episode
+    from tests.tasks.conftest import fast_model, sandbox_config
+
+    task = make_task({"id": "count", "domain": "math", "problem_statement": "Count the numbers.",
+                      "ground_truth": "3", "input_files": {"numbers.txt": "1 2 3\n"}}, "test")  # fmt: skip
+    model.models = ["scripted", "other-model"]  # the replay continues with another model
+    model.push(*(PARENT if script is None else script))
+    wh = tmp_path / "wh"
+    store = Warehouse(wh)
+    run_id = f"parent-{uuid.uuid4().hex[:8]}"
+    store.write_run(run_id, model="scripted", status="running")
+    store.keep_tasks(run_id, [task])
+    with store.writer(durability="flush") as w:
+        result = run_episode(task, fast_model(model), sandbox_config(), w, run_id=run_id,
+                             limits=Limits(max_steps=8))  # fmt: skip
+    store.finish_run(run_id, status="finished")
+    assert result.record.termination == "submitted", result.record
+    return wh, run_id, result.record.episode_id
+
+
+def _replay(model: ScriptedModel, wh: Path, source: str, k: int, *more: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, ["run", "--replay", source, "--until-turn", str(k), "-u", model.url,
+                               "-m", "other-model", "-o", str(wh.parent / "replays"),
+                               "--warehouse", str(wh), "--quiet", *more])  # fmt: skip
+
+
+@pytest.mark.docker
+def test_replay_rebuilds_the_state_and_a_new_model_goes_on(
+    scripted_model: ScriptedModel, tmp_path: Path
+) -> None:
+    wh, run_id, parent_id = _record_parent(scripted_model, tmp_path)
+    parent_requests = list(scripted_model.requests)
+    scripted_model.requests.clear()
+    scripted_model.push(
+        tool_reply("execute_bash", {"command": "cat state.txt; echo FOO=$FOO; pwd"}),
+        tool_reply("submit", {"answer": "3"}),
+    )
+    res = _replay(scripted_model, wh, f"{run_id}/{parent_id}", 3)
+    assert res.exit_code == 0, res.output
+    assert "replayed 2 tool call(s) of turns < 3" in _flat(res.output) and "0 divergence(s)" in res.output
+
+    # the model goes on from the recorded messages: turn 3's request of the parent, exactly
+    first = scripted_model.requests[0]
+    assert first["model"] == "other-model"
+    assert first["messages"] == parent_requests[3]["messages"]
+    # the state was rebuilt: the file, the exported variable, the working directory
+    second = scripted_model.requests[1]["messages"][-1]["content"]
+    assert "x=1" in second and "FOO=bar" in second and "/testbed/work" in second
+
+    store = Warehouse(wh)
+    eps = {e["episode_id"]: e for e in store.episodes().to_pylist()}
+    (child,) = [e for e in eps.values() if e["episode_id"] != parent_id]
+    assert (child["parent_run_id"], child["parent_episode_id"], child["branch_turn"], child["branch_kind"]) == (
+        run_id, parent_id, 3, "replay")
+    assert child["model"] == "other-model" and child["answer"] == "3" and child["num_turns"] == 5
+    turns = store.turns(child["run_id"]).to_pylist()
+    assert [t["turn_index"] for t in turns] == [0, 1, 2, 3, 4]
+    parent_turns = store.turns(run_id).to_pylist()
+    assert [t["assistant_content"] for t in turns[:3]] == [t["assistant_content"] for t in parent_turns[:3]]
+    with store.query() as q:
+        tree = q.rows(
+            "SELECT episode_id, root_episode_id, depth, branch_turn, branch_kind, children "
+            "FROM episode_tree ORDER BY depth"
+        )
+    assert tree == [(parent_id, parent_id, 0, None, None, 1), (child["episode_id"], parent_id, 1, 3, "replay", 0)]
+
+
+@pytest.mark.docker
+def test_a_planted_divergence_is_caught_and_nothing_is_recorded(
+    scripted_model: ScriptedModel, tmp_path: Path
+) -> None:
+    planted = [
+        tool_reply("execute_bash", {"command": "echo steady; head -c 6 /dev/urandom | od -An -tx1"}),
+        tool_reply("submit", {}),
+    ]
+    wh, run_id, parent_id = _record_parent(scripted_model, tmp_path, planted)
+    scripted_model.requests.clear()
+    res = _replay(scripted_model, wh, f"{run_id}/{parent_id}", 1)
+    assert res.exit_code == 1, res.output
+    out = _flat(res.output)
+    assert "the replay diverged 1 time(s)" in out
+    assert "turn 0, call 0 (execute_bash): the output differs (- recorded, + replayed)" in out
+    lines = res.output.splitlines()
+    assert len([x for x in lines if re.fullmatch(r"-( [0-9a-f]{2}){6}", x)]) == 1  # recorded
+    assert len([x for x in lines if re.fullmatch(r"\+( [0-9a-f]{2}){6}", x)]) == 1  # replayed
+    assert scripted_model.requests == []  # stopped before any model call
+    assert len(Warehouse(wh).episodes().to_pylist()) == 1  # no replay episode recorded
+
+    # the caller's rule masks it: then it goes on
+    scripted_model.push(tool_reply("submit", {}))
+    res = _replay(scripted_model, wh, f"{run_id}/{parent_id}", 1, "--replay-ignore", r"( [0-9a-f]{2}){6}")
+    assert res.exit_code == 0, res.output
+    assert "0 divergence(s)" in res.output
+
+
+def test_bad_replay_input_is_one_sentence(scripted_model: ScriptedModel, tmp_path: Path) -> None:
+    wh = tmp_path / "wh"
+    res = runner.invoke(app, ["run", "--replay", "no-slash", "--until-turn", "1", "--warehouse", str(wh)])
+    assert res.exit_code == 2 and "is not RUN/EPISODE" in _flat(res.output)
+    res = runner.invoke(app, ["run", "--replay", "r/e", "--warehouse", str(wh)])
+    assert res.exit_code == 2 and "--replay needs --until-turn K" in _flat(res.output)
+    res = runner.invoke(app, ["run", "--replay", "r/e", "--until-turn", "1", "-q", "x"])
+    assert res.exit_code == 2 and "drop --query" in _flat(res.output)
+    res = runner.invoke(app, ["run", "--until-turn", "1", "-q", "x"])
+    assert res.exit_code == 2 and "go with --replay" in _flat(res.output)
+    res = runner.invoke(app, ["run", "--replay", "r1/e1", "--until-turn", "1", "-u", scripted_model.url,
+                              "--warehouse", str(wh)])  # fmt: skip
+    assert res.exit_code == 2 and "has no episode e1 in run r1" in _flat(res.output)
+
+
+def test_the_rule_masks_what_varies_and_nothing_else() -> None:
+    a = ("/tmp/tmp.AbCdEf1234\nThu Nov 26 06:30:18 UTC 2026\npid 4242\n1795000000.123\n"
+         "real\t0m0.003s\ntook 12ms\n<object at 0x7f3a2b1c0d10>\nhost 3f2a9c1b7d4e\n[1] 977\n")
+    b = ("/tmp/tmp.ZzYyXx9876\nFri Nov 27 17:01:02 UTC 2026\npid 17\n1795999999.9\n"
+         "real\t0m1.250s\ntook 3ms\n<object at 0x55aa00112233>\nhost 0123456789ab\n[1] 12\n")
+    assert mask(a) == mask(b)
+    same = Observation(tool_call_id="c", name="execute_bash", content=a, exit_code=0, duration_s=0.1)
+    assert compare(0, 0, same, same.model_copy(update={"content": b, "duration_s": 9.0})) == []
+    # a file's content, a count, an exit code: never masked
+    for content, code in ((a.replace("pid 4242", "pid 4242 extra"), 0), (a, 1)):
+        (d,) = compare(2, 1, same, same.model_copy(update={"content": content, "exit_code": code}))
+        assert isinstance(d, Divergence) and d.turn_index == 2 and d.call_index == 1
+    long_a = "\n".join(f"line {i}" for i in range(500))
+    (d,) = compare(0, 0, same.model_copy(update={"content": long_a}),
+                   same.model_copy(update={"content": long_a.replace("line", "LINE")}))
+    assert len(d.describe().splitlines()) <= 23  # bounded: 20 diff lines and a count
