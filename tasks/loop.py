@@ -382,6 +382,12 @@ class SteppedEpisode:
     def cancel(self, token: CancelCheck | None) -> None:
         self._ep.cancel = token
 
+    def shift_clock(self, seconds: float) -> None:
+        """Time the episode waited without running (a tree's branch waiting its turn) is
+        not its own: its wall clock deadline moves on by `seconds`."""
+        if self._ep.deadline is not None and seconds > 0:
+            self._ep.deadline += seconds
+
     def generate(self) -> ModelReply | None:
         """The next turn from the episode's own model (`model_cfg`'s endpoint, or the
         `client`), within the limits as run_episode asks it; None when asking ended the

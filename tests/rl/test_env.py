@@ -9,8 +9,8 @@ return them, so the recorded ids can be checked to the token.
 from __future__ import annotations
 
 import json
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
