@@ -173,6 +173,14 @@ def test_a_fork_copies_at_most_the_limit_and_leaves_no_child(
         with pytest.raises(ForkError, match="50 entries"):
             parent.fork(1)
         assert {id(s) for s in registry.live()} == live, "a failed fork left a child open"
+        # a given child (a pool's) got part of the stream before the bound was seen: the
+        # fork fails and the child is wiped back to fresh, still usable
+        with _open(make_config("fork-given")) as given:
+            parent.copy_limits = CopyLimits(max_bytes=1 << 20)
+            with pytest.raises(ForkError, match="more than a fork copies"):
+                parent.fork(1, children=[given])
+            assert not given.closed
+            assert given.exec("ls /testbed/m /tmp/big 2>&1 | head -2").stdout.count("No such") == 2
         parent.copy_limits = CopyLimits()
         (child,) = parent.fork(1)
         with child:
