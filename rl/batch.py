@@ -282,6 +282,12 @@ class Batch:
             self.peak_active = max(self.peak_active, self.active)
         base = self.request.n + ep.sample_index * (spec.max_leaves - 1)
         counter = iter(range(base, base + spec.max_leaves - 1))
+
+        def next_index() -> int:  # a branch's sandbox is labelled with its own episode
+            index = next(counter)
+            self.episode_ids.add(episode_key(self.run_id, ep.task.id, "sandbox", index))
+            return index
+
         try:
             root = SteppedEpisode(
                 ep.task,
@@ -296,7 +302,7 @@ class Batch:
             )
             root.cancel = self.cancel_event
             root.start()
-            branches = grow(root, spec, lambda: next(counter))
+            branches = grow(root, spec, next_index)
         finally:
             with self._active_lock:
                 self.active -= 1

@@ -12,7 +12,9 @@ turn are its parent's, token ids included.
     BranchSpec(width=2, after_tool_calls=2)      # after each of the first 2 tool-call turns
 
 A tree runs in one worker thread, depth first: a branch waits (its sandbox open, its
-wall clock stopped) until the episode before it ends. `max_leaves` bounds the episodes,
+wall clock stopped) until the episode before it ends. With `at_turns` on Docker, the
+sandboxes of an episode's next branch point are opened in another thread while the
+episode runs up to it (a branch point then costs the copy, not the starts). `max_leaves` bounds the episodes,
 and so the sandboxes, of one tree: a branch point past it is skipped (the episode goes
 on without branching). Values and advantages per branch point: `branch_points`.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,36 +99,103 @@ def _grow(
     stack: list[Branch], done: list[Branch], spec: BranchSpec, next_index: Callable[[], int]
 ) -> None:
     count = 1
-    while stack:
-        b = stack.pop()
-        ep = b.episode
-        if b.forked_at:
-            ep.shift_clock(time.monotonic() - b.forked_at)
-        while not ep.done:
-            t = len(ep.turns)
-            if _branches_here(spec, b, t) and count + spec.width - 1 <= spec.max_leaves:
-                b.points += 1
-                b.from_turn = t
-                try:
-                    kids = ep.fork([next_index() for _ in range(spec.width - 1)])
-                except SandboxError as exc:
-                    b.fork_error = f"turn {t}: {exc}"[:500]
-                    ep.record.config["fork_error"] = b.fork_error
-                    kids = []
-                count += len(kids)
-                now = time.monotonic()
-                path = [*b.path, (ep.record.episode_id, t)]
-                for kid in reversed(kids):  # popped in sample order
-                    stack.append(
-                        Branch(kid, ep.record.episode_id, t, path, b.points, t, forked_at=now)
-                    )
-                b.path = path
-            reply = ep.generate()
-            if reply is None:
-                break
-            ep.step(reply)
-        ep.finish()
-        done.append(b)
+    ahead = _Ahead(stack[0].episode, spec)
+    try:
+        while stack:
+            b = stack.pop()
+            ep = b.episode
+            if b.forked_at:
+                ep.shift_clock(time.monotonic() - b.forked_at)
+            count = ahead.start(b, count, next_index)
+            while not ep.done:
+                t = len(ep.turns)
+                if _branches_here(spec, b, t) and (
+                    ahead.ready(t) or count + spec.width - 1 <= spec.max_leaves
+                ):
+                    b.points += 1
+                    b.from_turn = t
+                    try:
+                        indices, boxes = ahead.take(t)
+                        if not indices:
+                            indices = [next_index() for _ in range(spec.width - 1)]
+                            count += len(indices)
+                        kids = ep.fork(indices, boxes)
+                    except SandboxError as exc:
+                        b.fork_error = f"turn {t}: {exc}"[:500]
+                        ep.record.config["fork_error"] = b.fork_error
+                        kids = []
+                    now = time.monotonic()
+                    path = [*b.path, (ep.record.episode_id, t)]
+                    for kid in reversed(kids):  # popped in sample order
+                        stack.append(
+                            Branch(kid, ep.record.episode_id, t, path, b.points, t, forked_at=now)
+                        )
+                    b.path = path
+                    count = ahead.start(b, count, next_index)
+                reply = ep.generate()
+                if reply is None:
+                    break
+                ep.step(reply)
+            count -= ahead.drop()
+            ep.finish()
+            done.append(b)
+    finally:
+        ahead.close()
+
+
+class _Ahead:
+    """The sandboxes of an episode's next branch point (at_turns), opened in another thread
+    while the episode runs up to it, so the branch point costs the copy only. Docker only
+    (a bwrap sandbox lives as long as the thread that started it); sandboxes opened for a
+    branch point that does not come (the episode ended first) are closed."""
+
+    def __init__(self, root: SteppedEpisode, spec: BranchSpec) -> None:
+        self.spec = spec
+        self.on = bool(spec.at_turns) and getattr(root.sandbox, "backend", None) == "docker"
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="sandflow-tree") if self.on else None
+        self.turn: int | None = None
+        self.indices: list[int] = []
+        self.future: Future[list[Any]] | None = None
+
+    def start(self, b: Branch, count: int, next_index: Callable[[], int]) -> int:
+        """Open the sandboxes of `b`'s next branch point when the budget allows; the
+        episode count with them reserved."""
+        if self.pool is None or self.future is not None:
+            return count
+        later = [t for t in self.spec.at_turns if t > b.from_turn]
+        if not later or count + self.spec.width - 1 > self.spec.max_leaves:
+            return count
+        self.turn = later[0]
+        self.indices = [next_index() for _ in range(self.spec.width - 1)]
+        self.future = self.pool.submit(b.episode.open_branches, self.indices)
+        return count + len(self.indices)
+
+    def ready(self, turn: int) -> bool:
+        return self.future is not None and self.turn == turn
+
+    def take(self, turn: int) -> tuple[list[int], list[Any] | None]:
+        """(indices, sandboxes) opened for `turn`, or ([], None); SandboxError as opening."""
+        if not self.ready(turn):
+            return [], None
+        assert self.future is not None
+        future, indices, self.future, self.turn = self.future, self.indices, None, None
+        return indices, future.result()
+
+    def drop(self) -> int:
+        """Close what was opened for a branch point that did not come; how many."""
+        if self.future is None:
+            return 0
+        future, n, self.future, self.turn = self.future, len(self.indices), None, None
+        with contextlib.suppress(Exception):
+            for box in future.result():
+                with contextlib.suppress(Exception):
+                    box.close()
+        return n
+
+    def close(self) -> None:
+        self.drop()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
 
 def _branches_here(spec: BranchSpec, b: Branch, turn: int) -> bool:

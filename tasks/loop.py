@@ -402,38 +402,59 @@ class SteppedEpisode:
             self._ep.end(end, self._sandbox)
             return None
 
-    def fork(self, sample_indices: list[int]) -> list[SteppedEpisode]:
+    def open_branches(self, sample_indices: list[int]) -> list[Sandbox]:
+        """The sandboxes a later `fork(sample_indices, boxes=...)` writes into, opened now
+        (e.g. in another thread while this episode runs on: the branch point then costs
+        the copy only), each labelled with its branch's episode. SandboxError on failure."""
+        base = _sandbox_config(self._sandbox_cfg, self.record, self._ep.task)
+        run, task = self.record.run_id, self._ep.task.id
+        return _open_sandboxes(
+            [
+                base.model_copy(update={"episode_id": episode_key(run, task, "sandbox", i)})
+                for i in sample_indices
+            ]
+        )
+
+    def fork(
+        self, sample_indices: list[int], boxes: list[Sandbox] | None = None
+    ) -> list[SteppedEpisode]:
         """One episode per sample index that continues this one from here: the same
         history (messages, turns with their token ids, context budget, wall clock left),
         each in its own fork of this sandbox (sandbox.fork: files and shell state; running
         processes are not carried, `record.config["fork"]` says which were running). Each is
         recorded as a new episode whose first `branch_turn` turns are this one's, with
-        lineage kind "fork"; this episode goes on unchanged. Raises SandboxError (the
-        sandbox cannot fork, or the fork failed: no child is left open)."""
+        lineage kind "fork"; this episode goes on unchanged. `boxes`: from open_branches
+        (else opened now). Raises SandboxError (the sandbox cannot fork, or the fork
+        failed: no child is left open, given boxes included)."""
         if not self._started or self._finished or self.done or self._sandbox is None:
             raise RuntimeError("SteppedEpisode.fork() needs a started, running episode")
         fork = getattr(self._sandbox, "fork", None)
         if fork is None:
             raise SandboxError(f"a {type(self._sandbox).__name__} cannot be forked")
-        boxes = fork(len(sample_indices))
-        children: list[SteppedEpisode] = []
+        children = [
+            SteppedEpisode(
+                self._ep.task,
+                self._sandbox_cfg,
+                self.recorder,
+                model_cfg=self._ep.model_cfg,
+                sample_index=index,
+                run_id=self.record.run_id,
+                limits=self.limits,
+                prompt_dir=self._prompt_dir,
+                client=None if self._ep._own_client else self._ep._client,  # ours closes with us
+            )
+            for index in sample_indices
+        ]
+        # each child's sandbox is its own episode's (labels; a warm pool's when reuse=pool)
+        if boxes is None:
+            boxes = self.open_branches(sample_indices)
+        elif len(boxes) != len(sample_indices):
+            raise ValueError(f"fork: {len(sample_indices)} branches but {len(boxes)} sandboxes")
         try:
-            for box, index in zip(boxes, sample_indices, strict=True):
-                child = SteppedEpisode(
-                    self._ep.task,
-                    self._sandbox_cfg,
-                    self.recorder,
-                    model_cfg=self._ep.model_cfg,
-                    sample_index=index,
-                    run_id=self.record.run_id,
-                    limits=self.limits,
-                    sandbox=box,
-                    prompt_dir=self._prompt_dir,
-                    client=self._ep._client,
-                )
-                child._owned = box
+            fork(len(boxes), children=boxes)
+            for child, box in zip(children, boxes, strict=True):
+                child._sandbox = child._owned = box
                 child._continue(self, getattr(box, "fork_info", None))
-                children.append(child)
         except BaseException:
             for box in boxes:
                 with contextlib.suppress(Exception):
@@ -588,6 +609,39 @@ def _sandbox_config(
                 "sandbox_error", f"task {task.id}: metadata.network {str(spec)[:200]!r}: {exc}"
             ) from None
     return cfg.model_copy(update=update)
+
+
+def _open_sandboxes(cfgs: list[SandboxConfig]) -> list[Sandbox]:
+    """One sandbox per config (a fork's children): docker's in parallel, bwrap's in this
+    thread (its --die-with-parent is the starting thread's). SandboxError if one fails
+    (the others are closed)."""
+    import sandbox as sandbox_pkg
+
+    boxes: list[Sandbox] = []
+    errors: list[Exception] = []
+    if len(cfgs) > 1 and all(c.backend == "docker" for c in cfgs):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(cfgs), thread_name_prefix="sandflow-fork-open") as pool:
+            futures = [pool.submit(sandbox_pkg.acquire, c) for c in cfgs]
+        for f in futures:
+            try:
+                boxes.append(f.result())
+            except Exception as exc:  # noqa: BLE001 - raised below, after the closes
+                errors.append(exc)
+    else:
+        for c in cfgs:
+            try:
+                boxes.append(sandbox_pkg.acquire(c))
+            except Exception as exc:  # noqa: BLE001 - raised below, after the closes
+                errors.append(exc)
+                break
+    if not errors:
+        return boxes
+    for box in boxes:
+        with contextlib.suppress(Exception):
+            box.close()
+    raise SandboxError(f"could not open a fork's sandbox: {errors[0]}") from errors[0]
 
 
 def _open_sandbox(cfg: SandboxConfig) -> Sandbox:

@@ -102,3 +102,31 @@ def test_a_tree_from_the_server_shares_its_prefix_and_has_branch_advantages(
     assert result2.summary["ok"] == 2
     (p2,) = result2.branch_points
     assert p2["branch_turn"] == 1 and len(p2["siblings"]) == 2
+
+
+def test_grow_in_pooled_sandboxes_with_the_episodes_own_model() -> None:
+    """rl.tree.grow without the server: the episode calls its own endpoint (each branch
+    its own client: the root's closes when the root ends first), and the branches' sandboxes
+    are leases from the warm pool (PooledSandbox.fork), opened while the root runs on."""
+    from datasets_prep.task import Task  # noqa: F401 - math_task builds one
+    from rl.tree import BranchSpec, grow
+    from sandbox.base import SandboxConfig, SandboxLimits
+    from tasks.loop import Limits, SteppedEpisode
+    from tasks.model import ModelConfig
+    from tests.rl.conftest import math_task
+
+    digits = itertools.cycle(["2", "1"])
+    with ScriptedModel(default=branching_policy(digits)) as model:
+        root = SteppedEpisode(
+            math_task(),
+            SandboxConfig(reuse="pool", limits=SandboxLimits(network="none", memory_mb=512)),
+            model_cfg=ModelConfig(model="scripted", base_url=model.url, max_retries=0),
+            run_id=new_run_id("grow"),
+            limits=Limits(max_steps=5, wall_clock_s=120),
+        )
+        root.start()
+        assert type(root.sandbox).__name__ == "PooledSandbox"
+        leaves = grow(root, BranchSpec(width=2, at_turns=[1]), itertools.count(1).__next__)
+    assert [b.episode.record.termination for b in leaves] == ["submitted", "submitted"]
+    assert [b.episode.record.answer for b in leaves] == ["42", "41"]
+    assert leaves[1].parent == root.record.episode_id and leaves[1].branch_turn == 1
