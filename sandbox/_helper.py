@@ -1149,14 +1149,14 @@ def unlock_owned(roots, deadline):
     return locked
 
 
-FORK_FRAME = 1 << 16  # a fork's frames: small, so the host forwards them as they come
+FORK_FRAME = 1 << 20  # a fork's frames: few (each a handoff between threads on the host)
 
 
 def op_fork_get(session, req):
     """Stream one tar of every writable place (arc names: the place's path without its
     leading '/'), bounded like `get`; the final header names the processes left behind.
     Frames of FORK_FRAME bytes: the host passes each on to the children while this walk
-    goes on (a pipe holds one), so the export and the children's writes overlap."""
+    goes on, so the export and the children's writes overlap."""
     t0 = time.monotonic()
     max_seconds = float(req.get("max_seconds") or 0)
     deadline = t0 + max_seconds if max_seconds > 0 else float("inf")

@@ -3,7 +3,7 @@
 Why here and not in the engine: a fork is a copy of what the reset wipes (every writable
 place) plus the session shell's state, and both are the helper's to read and write. The
 parent's helper streams one tar of its writable places (bounded like copy_out: bytes by
-the sandbox's writable limit, entries, seconds) in small frames; the host passes each
+the sandbox's writable limit, entries, seconds) in frames of 1 MiB; the host passes each
 frame on to every child's helper as it arrives (a few frames queued per child, never the
 archive whole), so the parent's export and the children's writes overlap. Each child
 writes as the sandbox user, never through a symlink. The host never parses what the
@@ -32,7 +32,7 @@ from sandbox.base import SandboxError
 if TYPE_CHECKING:  # sandbox.common's HelperSandbox.fork calls in here
     from sandbox.common import HelperSandbox
 
-QUEUE_FRAMES = 16  # frames (64 KiB each) queued on the host per child: what it holds at most
+QUEUE_FRAMES = 4  # frames (1 MiB each) queued on the host per child: what it holds at most
 SHELL_STATE_CAP = 4 << 20  # bytes of shell state (variables, functions, aliases) carried
 SHELL_TIMEOUT_S = 30.0
 MAX_CHILDREN = 64
