@@ -110,6 +110,101 @@ def pass_at_k_table(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     return rows
 
 
+# ------------------------------------------------------------------ cost per task
+@dataclass(frozen=True)
+class CostChange:
+    """Cost per task of one mode, tonight against the previous run (issue #28).
+
+    The rule (docs/cost.md, "--fail-on-regression and cost"): a task's cost is the mean
+    cost of its episodes in a run (every episode, infrastructure failures too: they were
+    paid for); `before` and `after` are the means over the tasks both runs ran whose
+    episodes are all priced in both. Tasks only one run ran, or with an unpriced episode,
+    are left out (`tasks_left_out`). With `max_increase_pct` set, tonight's cost per task
+    above `before * (1 + max_increase_pct / 100)` is a regression (from a free previous
+    run, any cost is)."""
+
+    mode: str
+    tasks: int
+    tasks_left_out: int
+    before: float | None
+    after: float | None
+    max_increase_pct: float | None = None
+
+    @property
+    def change_pct(self) -> float | None:
+        if self.before is None or self.after is None or self.before == 0:
+            return None
+        return 100.0 * (self.after - self.before) / self.before
+
+    @property
+    def is_regression(self) -> bool:
+        if self.max_increase_pct is None or self.before is None or self.after is None:
+            return False
+        return self.after > self.before * (1 + self.max_increase_pct / 100.0) + 1e-12
+
+    def describe(self) -> str:
+        if self.before is None or self.after is None:
+            return f"{self.mode}: cost per task unknown (no task priced in both runs)"
+        pct = self.change_pct
+        rise = "from free" if pct is None and self.after > 0 else f"{pct:+.1f}%" if pct is not None else "+0.0%"
+        limit = f", above +{self.max_increase_pct:g}%" if self.is_regression else ""
+        return (
+            f"{self.mode}: cost per task ${self.before:.4f} -> ${self.after:.4f} ({rise}{limit}, "
+            f"{self.tasks} tasks)"
+        )
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "tasks": self.tasks,
+            "tasks_left_out": self.tasks_left_out,
+            "before_usd": None if self.before is None else round(self.before, 6),
+            "after_usd": None if self.after is None else round(self.after, 6),
+            "change_pct": None if self.change_pct is None else round(self.change_pct, 1),
+            "regression": self.is_regression,
+        }
+
+
+def _task_costs(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], float | None]:
+    """(run, mode, task) -> the mean cost of its episodes (None: one is unpriced)."""
+    out: dict[tuple[str, str, str], float | None] = {}
+    for r in rows:
+        usd, n = r.get("cost_usd"), int(r.get("episodes") or 0)
+        out[(r["run_id"], r["mode"], r["task_id"])] = None if usd is None or n == 0 else float(usd) / n
+    return out
+
+
+def cost_changes(
+    rows: Iterable[dict[str, Any]], previous: str, tonight: str, max_increase_pct: float | None
+) -> list[CostChange]:
+    """One CostChange per mode both runs ran (`rows`: SeriesData.cost)."""
+    costs = _task_costs(rows)
+    modes = sorted({m for (run, m, _t) in costs if run == tonight} & {m for (run, m, _t) in costs if run == previous})
+    out = []
+    for mode in modes:
+        mine = {t: c for (run, m, t), c in costs.items() if run == tonight and m == mode}
+        theirs = {t: c for (run, m, t), c in costs.items() if run == previous and m == mode}
+        common = sorted(set(mine) & set(theirs))
+        priced = [t for t in common if mine[t] is not None and theirs[t] is not None]
+        before = sum(theirs[t] or 0.0 for t in priced) / len(priced) if priced else None
+        after = sum(mine[t] or 0.0 for t in priced) / len(priced) if priced else None
+        out.append(CostChange(mode, len(priced), len(set(mine) | set(theirs)) - len(priced),
+                              before, after, max_increase_pct))
+    return out
+
+
+def cost_per_task(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], float | None]:
+    """(run, mode) -> mean cost per task over all its tasks (None: some task is unpriced):
+    the trend plot's points."""
+    by: dict[tuple[str, str], list[float | None]] = {}
+    for (run, mode, _t), c in _task_costs(rows).items():
+        by.setdefault((run, mode), []).append(c)
+    return {
+        k: None if any(c is None for c in cs) else sum(c or 0.0 for c in cs) / len(cs)
+        for k, cs in by.items()
+    }
+
+
 # ------------------------------------------------------------------ the section
 @dataclass
 class NightlySection:
@@ -125,6 +220,8 @@ class NightlySection:
     # (run_id, episode_id) -> episode with its turns (warehouse.series.read_trajectories)
     trajectories: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     viewer_url: str | None = None  # `sandflow view`: flips link to its side-by-side page
+    cost: list[CostChange] = field(default_factory=list)  # cost per task vs the previous run
+    cost_trend: dict[tuple[str, str], float | None] = field(default_factory=dict)  # (run, mode)
 
     def side_by_side(self, f: Any) -> str | None:
         """The viewer's side-by-side page of a flipped task's two episodes, if a viewer is set."""
@@ -157,15 +254,25 @@ class NightlySection:
     def significant(self) -> list[ComparisonRow]:
         return [r for r in self.comparison if r.significant]
 
+    def cost_regressions(self) -> list[CostChange]:
+        return [c for c in self.cost if c.is_regression]
+
     def regression_message(self) -> str | None:
-        """One message naming every significant drop, or None."""
-        drops = self.regressions()
-        if not drops:
-            return None
-        return (
-            f"significant drop since run {self.previous_run_id} (Holm-adjusted p < {self.alpha}): "
-            + "; ".join(describe_change(r) for r in drops)
-        )
+        """One message naming every significant drop and every cost rise past its limit,
+        or None."""
+        drops, costs = self.regressions(), self.cost_regressions()
+        parts = []
+        if drops:
+            parts.append(
+                f"significant drop since run {self.previous_run_id} (Holm-adjusted p < {self.alpha}): "
+                + "; ".join(describe_change(r) for r in drops)
+            )
+        if costs:
+            parts.append(
+                f"cost per task rose since run {self.previous_run_id}: "
+                + "; ".join(c.describe() for c in costs)
+            )
+        return "; ".join(parts) or None
 
     def noise_flips(self) -> list[Any]:
         """Flips of the comparisons that are not significant (domain rows only)."""
@@ -202,9 +309,11 @@ def build_section(
     *,
     alpha: float = DEFAULT_ALPHA,
     seed: int = 0,
+    max_cost_increase: float | None = None,
 ) -> NightlySection:
     """`data`: a warehouse.series.SeriesData (run_id, series, previous_run_id, runs,
-    outcomes, usage)."""
+    outcomes, usage, cost). `max_cost_increase`: the % rise of cost per task that counts
+    as a regression (CostChange; None: cost is reported, never a regression)."""
     outcomes = outcomes_from_rows(data.outcomes)
     by_run: dict[str, list[Outcome]] = {}
     for o in outcomes:
@@ -245,6 +354,10 @@ def build_section(
         turns = u.get("turns") or 0
         if turns:
             sec.usage.setdefault(u["run_id"], {})[u["capability"]] = 100.0 * u["turns_with"] / turns
+    cost_rows = list(getattr(data, "cost", []) or [])
+    sec.cost_trend = cost_per_task(cost_rows)
+    if data.previous_run_id:
+        sec.cost = cost_changes(cost_rows, data.previous_run_id, data.run_id, max_cost_increase)
     return sec
 
 
@@ -310,6 +423,11 @@ def to_markdown(sec: NightlySection, html_name: str = "report.html") -> str:
         more = f", ... and {len(noise) - MAX_LISTED} more" if len(noise) > MAX_LISTED else ""
         shown = ", ".join(_flip_text(sec, f) for f in noise[:MAX_LISTED])
         lines.append(f"Flips within the noise: {shown}{more}\n")
+    if sec.cost:
+        lines.append("**Cost per task** (USD, the tasks priced in both runs):\n")
+        for c in sec.cost:
+            lines.append(f"- {'▲ ' if c.is_regression else ''}{c.describe()}")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -415,6 +533,8 @@ def to_html(sec: NightlySection) -> str:
                 + ", ".join(_flip_html(sec, f) for f in noise)
                 + "</p></details>"
             )
+        if sec.cost:
+            parts.append("<h3>Cost per task</h3>" + _table([c.row() for c in sec.cost], "cost"))
         parts.append(_trajectories_html(sec))
     figs = trend_plots(sec)
     if figs:
@@ -619,6 +739,15 @@ def trend_plots(sec: NightlySection) -> list[tuple[str, str]]:
             _lines(sec, "Infrastructure failures", "episodes", per_mode("infra_failures")),
         ),
         ("Speed trend", _lines(sec, "Episode wall time (mean)", "seconds", per_mode("avg_wall_s"))),
+        (
+            "Cost trend",
+            _lines(
+                sec,
+                "Cost per task (mean; unpriced runs left out)",
+                "USD",
+                [(m, [sec.cost_trend.get((run, m)) for run in order], None) for m in modes],
+            ),
+        ),
     ]:
         if b64:
             out.append((title, b64))

@@ -104,9 +104,10 @@ REPLAY_STEPS = [
 ]
 
 
-def replay_figures() -> dict[str, Any]:
-    """Record a deterministic 9-turn episode (scripted model over real HTTP, Docker, a real
-    warehouse), then replay its 8 tool turns in a fresh sandbox and count divergences."""
+def replay_figures(backend: str = "docker") -> dict[str, Any]:
+    """Record a deterministic 9-turn episode (scripted model over real HTTP, a sandbox of
+    `backend`, a real warehouse), then replay its 8 tool turns in a fresh sandbox and count
+    divergences. Keys get the suffix `_bwrap` for that backend."""
     import tempfile
 
     from datasets_prep.task import make_task
@@ -120,7 +121,7 @@ def replay_figures() -> dict[str, Any]:
 
     task = make_task({"id": "replay-bench", "domain": "math", "problem_statement": "Build it.",
                       "ground_truth": "1", "input_files": {"seed.txt": "7\n"}}, "bench")  # fmt: skip
-    sb = SandboxConfig(run_id="bench-replay", limits=SandboxLimits(network="none"))
+    sb = SandboxConfig(backend=backend, run_id="bench-replay", limits=SandboxLimits(network="none"))
     with tempfile.TemporaryDirectory(prefix="sandflow-bench-") as tmp, ScriptedModel() as server:
         cfg = ModelConfig(model="scripted", base_url=server.url, max_retries=1)
         server.push(*[tool_reply("execute_bash", {"command": c}) for c in REPLAY_STEPS],
@@ -143,10 +144,12 @@ def replay_figures() -> dict[str, Any]:
     check = played.check
     for d in check.divergences:
         print(d.describe())
-    print(f"replay  {k} turns, {check.calls} calls re-run in {replay_s:.2f} s (the parent took "
+    print(f"{backend:6} replay {k} turns, {check.calls} calls re-run in {replay_s:.2f} s (the parent took "
           f"{parent_s:.2f} s): {check.total} divergence(s) (goal 0)")
-    return {"replay_divergences": check.total, "replay_calls": check.calls, "replay_turns": k,
-            "replay_s": replay_s, "replay_parent_s": parent_s, "replay_pass": check.total == 0}
+    sfx = "" if backend == "docker" else f"_{backend}"
+    return {f"replay_divergences{sfx}": check.total, f"replay_calls{sfx}": check.calls,
+            f"replay_turns{sfx}": k, f"replay_s{sfx}": replay_s, f"replay_parent_s{sfx}": parent_s,
+            f"replay_pass{sfx}": check.total == 0}
 
 
 TREE_TURNS = 10  # tool turns per leaf (then submit); the tree branches at turn 5
@@ -252,7 +255,8 @@ def main() -> None:
             f"({r['bytes']} bytes, {r['files']} files)"
         )
     if not (args.no_replay or args.tree_only):
-        fig.update(replay_figures())
+        for backend in ("docker",) if args.no_bwrap else ("docker", "bwrap"):
+            fig.update(replay_figures(backend))
     if not (args.no_tree or args.replay_only):
         fig.update(tree_figures())
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in fig.items()}))

@@ -31,6 +31,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from datagen.budget import TERMINATION as BUDGET_EXHAUSTED
+from datagen.budget import BudgetExhausted, BuildBudget
 from datagen.calibrate import Band, PolicyRunner, pass_rates, select
 from datagen.export import dataset_card, sft_rows, write_jsonl, write_train
 from datagen.questions import TYPES
@@ -186,18 +188,31 @@ class Build:
 
     def synth(self, cfg: ModelConfig, *, n: int = 3, types: Sequence[str] = TYPES,
               structured: str = "json_schema", concurrency: int = 4, template: str | None = None,
-              domain: str = "general", progress: Callable[[SlotOutcome], None] | None = None) -> StageReport:
+              domain: str = "general", progress: Callable[[SlotOutcome], None] | None = None,
+              budget: BuildBudget | None = None) -> StageReport:
+        """`budget` (datagen.budget): counts every reply the build's cache holds, then each
+        new one; spent, the stage stops unfinished with BudgetExhausted."""
         src = self.input_of("synth")
         tpl = Template.load(template)
         key = _key("synth", _hash_file(src), cfg.model, tpl.version, n, list(types), structured,
                    cfg.temperature, cfg.top_p, cfg.max_tokens, domain)
+        cache = ReplyCache(self.path("cache/synth.jsonl"))
+        if budget is not None:
+            budget.add_rows(cache.rows())  # what the build paid for before (resumes included)
         reused = self._reusable("synth", key)
         if reused is not None:
+            cache.close()
             return reused
         pieces = self.pieces()
         res = synthesize(pieces, cfg, n=n, types=types, template=tpl, structured=structured,
-                         concurrency=concurrency, cache=ReplyCache(self.path("cache/synth.jsonl")),
-                         progress=progress)
+                         concurrency=concurrency, cache=cache, progress=progress, budget=budget)
+        stopped = sum(1 for o in res.outcomes if o.reason == BUDGET_EXHAUSTED)
+        if stopped:  # not finished: no stage record, so the next run does it (cached replies free)
+            raise BudgetExhausted(
+                f"synth stopped on the build's budget: {budget.exceeded() if budget else ''}; "
+                f"{stopped} of {len(res.outcomes)} question slots not asked. Resume with a higher "
+                f"budget: the same command and --out {self.out}"
+            )
         by_id = pieces_by_id(pieces)
         tasks: dict[str, Task] = {}
         items: list[dict[str, Any]] = []

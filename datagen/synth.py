@@ -38,6 +38,8 @@ from typing import Any
 
 import yaml
 
+from datagen.budget import TERMINATION as BUDGET_EXHAUSTED
+from datagen.budget import BuildBudget
 from datagen.questions import TYPES, Invalid, Question, check, json_schema
 from datasets_prep.convert import build_prompt, context_files, documents_note, slug
 from datasets_prep.corpus import Piece
@@ -166,6 +168,11 @@ class ReplyCache:
     def get(self, key: str) -> dict[str, Any] | None:
         return self._data.get(key)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """Every reply held (a data build's budget counts them: datagen.budget)."""
+        with self._lock:
+            return list(self._data.values())
+
     def put(self, row: dict[str, Any]) -> None:
         line = json.dumps(row, ensure_ascii=False) + "\n"
         with self._lock:
@@ -243,8 +250,11 @@ def synthesize(
     concurrency: int = 4,
     cache: ReplyCache | None = None,
     progress: Callable[[SlotOutcome], None] | None = None,
+    budget: BuildBudget | None = None,
 ) -> SynthResult:
-    """Every slot of every piece -> a kept question or a dropped slot with its reason."""
+    """Every slot of every piece -> a kept question or a dropped slot with its reason.
+    With a `budget` (datagen.budget), once it is spent no slot asks the model: those are
+    dropped as `budget_exhausted` (not cached: a resume asks them)."""
     template = template or Template.load()
     if structured not in STRUCTURED:
         raise SynthConfigError(f"structured output {structured!r}: use one of {', '.join(STRUCTURED)}")
@@ -262,7 +272,12 @@ def synthesize(
         key = request_key(cfg, template, slot.qtype, structured, slot.index, slot.piece.text)
         row = cache.get(key)
         cached = row is not None
-        if row is None:
+        spent = budget.exceeded() if row is None and budget is not None else None
+        if spent is not None:
+            row = None
+            out = SlotOutcome(slot.slot_id, slot.piece.piece_id, slot.qtype, False,
+                              BUDGET_EXHAUSTED, spent)
+        elif row is None:
             try:
                 reply = clients[slot.qtype].complete(template.messages(slot.qtype, slot.piece.text))
             except ModelError as e:
@@ -272,12 +287,16 @@ def synthesize(
             else:
                 row = {"key": key, "content": reply.content,
                        "prompt_tokens": reply.usage.prompt_tokens or 0,
-                       "completion_tokens": reply.usage.completion_tokens or 0}
+                       "completion_tokens": reply.usage.completion_tokens or 0,
+                       "cached_tokens": reply.usage.cached_tokens or 0,
+                       "reasoning_tokens": reply.usage.reasoning_tokens or 0}
                 cache.put(row)
+                if budget is not None:
+                    budget.add_rows([row])
         if row is not None:
             out = _judge(slot, row, cached)
         with lock:
-            result.calls += 0 if cached else 1
+            result.calls += 0 if cached or spent is not None else 1
             result.cache_hits += 1 if cached else 0
         if progress is not None:
             progress(out)

@@ -72,9 +72,10 @@ def plan_replay(
     check_prefix(parent, turns, until_turn)
     try:
         tasks = wh.run_tasks(run_id)
+        task = next((t for t in tasks.tasks if t.id == parent.task_id), None) if tasks else None
+        task = task or wh.adhoc_task(run_id, parent.task_id)  # a `sandflow run --query` episode
     except (ValueError, OSError) as exc:
         raise ReplayError(f"--replay {source}: the run's recorded tasks cannot be read: {exc}") from None
-    task = next((t for t in tasks.tasks if t.id == parent.task_id), None) if tasks else None
     if task is None:
         raise ReplayError(
             f"--replay {source}: run {run_id} did not record task {parent.task_id!r} (runs from "

@@ -123,6 +123,10 @@ def _with_warehouse(
     wh.write_run(run_id, model=cfg.model, dataset="adhoc", status="running",
                  dataset_hash=TaskSet.model_construct(tasks=[task]).content_hash,
                  config={"form": "single", "model": cfg.public_dict()})  # fmt: skip
+    if task.ground_truth is None:  # `sandflow run --query`: its files are the state a replay rebuilds
+        wh.keep_adhoc_task(run_id, task)
+    else:  # a replay's: its parent's task
+        wh.keep_tasks(run_id, [task], name="single")
     writer = wh.writer()
 
     def finish(status: str) -> None:

@@ -18,12 +18,14 @@ from typing import Any
 
 from prefect import flow
 
-from datagen.build import Build
+from datagen.budget import BudgetExhausted, BuildBudget
+from datagen.build import Build, BuildError
 from datagen.calibrate import Band, PolicyRunner
 from datagen.questions import TYPES
 from datagen.synth import SlotOutcome, resolve_structured
 from engine import progress
 from tasks.model import ModelConfig, api_key_from_env
+from tasks.pricing import load_prices
 from tasks.spec import RunSpec
 from warehouse import DEFAULT_ROOT, Warehouse
 from warehouse.rundata import RunData
@@ -39,7 +41,12 @@ def base_policy(spec: RunSpec) -> PolicyRunner:
         root = spec.warehouse or DEFAULT_ROOT
         one = spec.model_copy(update={"task_set": task_set, "run_id": run_id, "samples": samples,
                                       "mode": "sandbox", "warehouse": root})
-        run_flow.with_options(task_runner=make_task_runner("thread", one.concurrency))(one)
+        summary = run_flow.with_options(task_runner=make_task_runner("thread", one.concurrency))(one)
+        if summary.get("status") == "budget_exhausted":  # nothing graded from a partial run
+            raise BudgetExhausted(
+                f"calibration run {run_id} stopped on the build's budget: {summary.get('cancel_reason')}. "
+                "Resume with a higher budget: the same command and --out"
+            )
         score_flow(run_id=run_id, warehouse=root, task_set=task_set)
         return Warehouse(root).load_run(run_id)
 
@@ -69,8 +76,12 @@ def data_synth_flow(out: str, warehouse: str = DEFAULT_ROOT, model: str | None =
                     base_url: str | None = None, questions: int = 3, types: list[str] | None = None,
                     structured: str = "auto", concurrency: int = 4, template: str | None = None,
                     temperature: float = 0.7, max_tokens: int = 1024, domain: str = "general",
-                    request_timeout_s: float = 120.0, build_id: str | None = None) -> dict[str, Any]:
-    """Questions from the pieces; no base_url: the embedded model, started for the stage."""
+                    request_timeout_s: float = 120.0, build_id: str | None = None,
+                    max_cost_usd: float | None = None, max_run_tokens: int | None = None,
+                    prices: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Questions from the pieces; no base_url: the embedded model, started for the stage.
+    With a budget (datagen.budget; `prices` a tasks.pricing table), the build's paid replies
+    count; spent: BudgetExhausted. The result's `budget` says what synthesis spent in all."""
     from tasks.local_model import endpoint
     from tasks.model import preflight
 
@@ -82,11 +93,20 @@ def data_synth_flow(out: str, warehouse: str = DEFAULT_ROOT, model: str | None =
     structured = resolve_structured(structured, embedded=not base_url)
     if not base_url:  # the embedded server answers one request at a time: queue here
         concurrency = 1
+    budget = BuildBudget(max_cost_usd, max_run_tokens,
+                         load_prices(prices or None).lookup(cfg.model, base_url))
+    if max_cost_usd is not None and budget.price is None:
+        raise BuildError(f"--max-cost {max_cost_usd:g}: the price table has no price for model "
+                              f"{cfg.model!r} (at {base_url}); add it with --prices (docs/cost.md)")
     with endpoint(cfg) as live:
         live = preflight(live, model_given=bool(model) or not base_url)
-        return b.synth(live, n=questions, types=types, structured=structured, concurrency=concurrency,
-                       template=template, domain=domain,
-                       progress=_synth_progress(pieces * questions, b.build_id)).as_dict()
+        report = b.synth(live, n=questions, types=types, structured=structured, concurrency=concurrency,
+                         template=template, domain=domain,
+                         progress=_synth_progress(pieces * questions, b.build_id),
+                         budget=budget if budget.active else None).as_dict()
+    if budget.active:
+        report["budget"] = budget.summary()
+    return report
 
 
 @flow(name="sandflow-data-clean", log_prints=False)
@@ -117,6 +137,22 @@ def data_export_flow(out: str, warehouse: str = DEFAULT_ROOT, pass_score: float 
     return b.export(runs=runs, pass_score=pass_score).as_dict()
 
 
+def _calibration_budget(spec: RunSpec, synth: dict[str, Any]) -> RunSpec:
+    """The calibration run's budget: what synthesis left of the build's (datagen.budget).
+    Nothing left: the build stops here (BudgetExhausted)."""
+    spent = synth.get("budget")
+    if not spent:
+        return spec
+    b = BuildBudget(spec.max_cost_usd, spec.max_run_tokens, spent_tokens=int(spent["spent_tokens"]),
+                    spent_usd=float(spent.get("spent_usd") or 0.0))
+    reason = b.exceeded()
+    if reason is not None:
+        raise BudgetExhausted(f"the build stopped before calibration: {reason}. Resume with a "
+                              "higher budget: the same command and --out")
+    usd, tokens = b.left()
+    return spec.model_copy(update={"max_cost_usd": usd, "max_run_tokens": tokens})
+
+
 @flow(name="sandflow-data-build", log_prints=False)
 def data_build_flow(corpus: str, out: str, spec: RunSpec, questions: int = 3,
                     types: list[str] | None = None, structured: str = "auto",
@@ -138,10 +174,13 @@ def data_build_flow(corpus: str, out: str, spec: RunSpec, questions: int = 3,
                                       types=types, structured=structured, concurrency=synth_concurrency,
                                       template=template, temperature=synth_temperature,
                                       max_tokens=synth_max_tokens, domain=domain, build_id=build_id,
-                                      request_timeout_s=spec.request_timeout_s or 120.0)
+                                      request_timeout_s=spec.request_timeout_s or 120.0,
+                                      max_cost_usd=spec.max_cost_usd, max_run_tokens=spec.max_run_tokens,
+                                      prices=spec.prices)
     stages["clean"] = data_clean_flow(out, wh, decontaminate=decontaminate, build_id=build_id)
     if calibrate:
-        stages["calibrate"] = data_calibrate_flow(out, spec, samples=samples, band=band, build_id=build_id)
+        stages["calibrate"] = data_calibrate_flow(out, _calibration_budget(spec, stages["synth"]),
+                                                  samples=samples, band=band, build_id=build_id)
     else:
         Build(out, warehouse=wh, build_id=build_id).skip_calibration()
     stages["export"] = data_export_flow(out, wh, build_id=build_id)
@@ -164,11 +203,16 @@ def data_build_job(
     max_tokens: int = 1024,
     calibrate: bool = True,
     build_id: str | None = None,
+    prices: dict[str, Any] | None = None,
+    max_cost_usd: float | None = None,
+    max_run_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The deployment's entry (prefect.yaml `data-build`): plain parameters (Prefect stores
-    them; the endpoint's key comes from the worker's SANDFLOW_API_KEY, never from here)."""
+    them; the endpoint's key comes from the worker's SANDFLOW_API_KEY, never from here).
+    `max_cost_usd` / `max_run_tokens`: the build's budget (datagen.budget), priced by `prices`."""
     spec = RunSpec(model=model, base_url=base_url, warehouse=warehouse, mode="sandbox",
-                   concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens)
+                   concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens,
+                   prices=dict(prices or {}), max_cost_usd=max_cost_usd, max_run_tokens=max_run_tokens)
     return data_build_flow(corpus, out, spec, questions=questions, synth_concurrency=concurrency,
                            synth_max_tokens=max_tokens, decontaminate=decontaminate, samples=samples,
                            band=band, calibrate=calibrate, build_id=build_id)

@@ -52,13 +52,14 @@ def benchmark(
     fail_on_regression: bool = False,
     alpha: float = 0.05,
     viewer_url: str | None = DEFAULT_VIEWER_URL,
+    max_cost_increase: float | None = None,
 ) -> dict[str, Any]:
     """The benchmark's steps (inside a flow); returns every step's summary.
 
     The run joins the series `spec.series` of its task set and model; the report compares
     it with the series' previous run. With `fail_on_regression`, a significant drop
-    (Holm-adjusted p < `alpha`) fails the flow run with RegressionFound once the report
-    is written.
+    (Holm-adjusted p < `alpha`), or a rise of cost per task above `max_cost_increase` %
+    (docs/cost.md), fails the flow run with RegressionFound once the report is written.
     """
     prep, run, _ = _run(spec, task_runner, dask_address)
     rid, warehouse = run["run_id"], run["warehouse"]
@@ -69,12 +70,24 @@ def benchmark(
     out["tokens"] = tokens_flow(run_id=rid, warehouse=warehouse)
     if rollouts:
         out["rollouts"] = rollouts_flow(run_id=rid, warehouse=warehouse, max_seq_tokens=max_seq_tokens)
-    out["report"] = report_flow(run_id=rid, warehouse=warehouse, alpha=alpha, viewer_url=viewer_url)
+    out["report"] = report_flow(
+        run_id=rid, warehouse=warehouse, alpha=alpha, viewer_url=viewer_url,
+        max_cost_increase=max_cost_increase,
+    )
     if fail_on_regression and out["report"].get("regression"):
         from analysis.nightly_report import RegressionFound
 
         raise RegressionFound(f"run {rid}: {out['report']['regression']}", out)
     return out
+
+
+def _check_priced(spec: RunSpec) -> None:
+    """A deployment's --max-cost needs a price for its model: refused before any work
+    (engine.budget.check_priced, RunConfigError naming both)."""
+    if spec.model:
+        from engine.budget import check_priced
+
+        check_priced(spec)
 
 
 def _deployment_name() -> str | None:
@@ -97,6 +110,7 @@ def benchmark_flow(
     fail_on_regression: bool = False,
     alpha: float = 0.05,
     viewer_url: str | None = DEFAULT_VIEWER_URL,
+    max_cost_increase: float | None = None,
 ) -> dict[str, Any]:
     """Benchmark a model on a task source end to end (`sandflow bench`)."""
     return benchmark(
@@ -110,6 +124,7 @@ def benchmark_flow(
         fail_on_regression=fail_on_regression,
         alpha=alpha,
         viewer_url=viewer_url,
+        max_cost_increase=max_cost_increase,
     )
 
 
@@ -141,6 +156,10 @@ def nightly_flow(
     alpha: float = 0.05,
     viewer_url: str | None = DEFAULT_VIEWER_URL,  # the report's links into `sandflow view`
     wait_for_lock: bool | float = False,  # another process runs run_id: wait (not refuse)
+    max_cost_increase: float | None = None,  # % rise of cost per task that fails (docs/cost.md)
+    prices: dict[str, Any] | None = None,  # tasks.pricing table: the run records it (run_cost)
+    max_cost_usd: float | None = None,  # the run's budget (engine.budget; needs `prices`)
+    max_run_tokens: int | None = None,  # the run's token budget
 ) -> dict[str, Any]:
     """The nightly deployment: benchmark a model on a task source end to end. The run joins
     the series `series` (default: the deployment's name; ad hoc without one)."""
@@ -163,7 +182,11 @@ def nightly_flow(
         request_timeout_s=request_timeout_s,
         series=series or _deployment_name(),
         wait_for_lock=wait_for_lock,
+        prices=dict(prices or {}),
+        max_cost_usd=max_cost_usd,
+        max_run_tokens=max_run_tokens,
     )
+    _check_priced(spec)
     return benchmark(
         spec,
         task_runner=task_runner,
@@ -174,6 +197,7 @@ def nightly_flow(
         fail_on_regression=fail_on_regression,
         alpha=alpha,
         viewer_url=viewer_url,
+        max_cost_increase=max_cost_increase,
     )
 
 
@@ -196,6 +220,9 @@ def rl_data_flow(
     max_seq_tokens: int | None = 32768,
     logprobs: bool = False,
     return_token_ids: bool = False,
+    prices: dict[str, Any] | None = None,
+    max_cost_usd: float | None = None,
+    max_run_tokens: int | None = None,
 ) -> dict[str, Any]:
     """LLM-in-Sandbox-RL data: sandbox mode, k samples per task at temperature 1.0,
     scored, exported with group advantages (RLOO, as the paper; GRPO beside it)."""
@@ -215,7 +242,11 @@ def rl_data_flow(
         run_id=run_id,
         logprobs=logprobs,
         return_token_ids=return_token_ids,
+        prices=dict(prices or {}),
+        max_cost_usd=max_cost_usd,
+        max_run_tokens=max_run_tokens,
     )
+    _check_priced(spec)
     prep, run, _ = _run(spec, task_runner, dask_address)
     rid = run["run_id"]
     score = score_flow(run_id=rid, warehouse=warehouse)  # the tasks the run recorded

@@ -21,10 +21,13 @@ def report_flow(
     alpha: float = 0.05,
     trend_runs: int = 14,
     viewer_url: str | None = DEFAULT_VIEWER_URL,
+    max_cost_increase: float | None = None,
 ) -> dict[str, Any]:
     """report.html + report.md; with "Changes since the previous run" of the run's series
-    (significant drops are returned as `regressions`) and trends over `trend_runs` runs.
-    The tables link to their episodes in `sandflow view` at `viewer_url` (None or "": no links)."""
+    (significant drops are returned as `regression`) and trends over `trend_runs` runs.
+    The tables link to their episodes in `sandflow view` at `viewer_url` (None or "": no links).
+    `max_cost_increase`: a rise of cost per task above this % since the previous run is a
+    regression too (analysis.nightly_report.CostChange; None: cost is only reported)."""
     wh = Warehouse(warehouse)
     data = wh.load_run(run_id, verifier=verifier)
     run = wh.run_info(run_id) or {}
@@ -37,7 +40,7 @@ def report_flow(
     rd = ReportData.from_run(data, {k: v for k, v in meta.items() if v is not None})
     rd.viewer_url = viewer_url or None
     rd.cost = _cost(wh, run_id)
-    rd.nightly = _nightly_section(warehouse, run_id, alpha, trend_runs)
+    rd.nightly = _nightly_section(warehouse, run_id, alpha, trend_runs, max_cost_increase)
     rd.nightly.viewer_url = rd.viewer_url
     out = Path(out_dir or Path(warehouse) / "reports" / run_id).expanduser()
     html_path, md_path = write_report(rd, out)
@@ -52,6 +55,7 @@ def report_flow(
         "markdown": str(md_path.resolve()),
         "previous_run_id": rd.nightly.previous_run_id,
         "changes": rd.nightly.table_rows(),
+        "cost_changes": [c.row() for c in rd.nightly.cost],
         "regression": rd.nightly.regression_message(),
     }
 
@@ -64,11 +68,15 @@ def _cost(wh: Warehouse, run_id: str) -> list[dict[str, Any]]:
         return cost_by_mode(q, run_id)
 
 
-def _nightly_section(warehouse: str, run_id: str, alpha: float, trend_runs: int) -> Any:
+def _nightly_section(
+    warehouse: str, run_id: str, alpha: float, trend_runs: int, max_cost_increase: float | None = None
+) -> Any:
     """The run's series read from the warehouse, compared and plotted (analysis/nightly_report)."""
     from analysis.nightly_report import build_section
 
     wh = Warehouse(warehouse)
-    section = build_section(wh.series(run_id, last=trend_runs), alpha=alpha)
+    section = build_section(
+        wh.series(run_id, last=trend_runs), alpha=alpha, max_cost_increase=max_cost_increase
+    )
     section.trajectories = wh.trajectories(section.episodes_to_link())
     return section

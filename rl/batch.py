@@ -16,6 +16,15 @@ never start; running ones stop at their next step (the agent loop checks the tok
 a callback on the token removes their sandboxes now (an in-flight command is cut, not
 awaited) and abandons their in-flight model calls (the batch's HTTP client is closed);
 each is recorded as `interrupted`.
+
+A batch may have a budget (`budget`: max_cost_usd / max_run_tokens, or the server's
+default; issue #28, engine.budget): the batch is one warehouse run, so what it spent is
+its recorded turns (priced with the server's price table) plus its running episodes'
+replies. Reached: no episode starts, running ones stop at their next turn boundary
+(their sandboxes are not cut: the paid reply's tools run and are recorded) as
+`budget_exhausted`; the trainer gets each as a `trajectory` with status "cancelled",
+termination "budget_exhausted" and no reward (never a zero reward), and `done` carries
+`stopped: "budget_exhausted"` and `budget`. The run's status is `budget_exhausted`.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from analysis.token_ids import assemble
 from datasets_prep.rows import RowError, task_from_row
 from datasets_prep.task import Task
+from engine import budget as budgets
 from engine.cancel import CancelToken
 from engine.executors import ThreadExecutor
 from engine.plan import EpisodeSpec, plan
@@ -47,6 +57,7 @@ from sandbox.base import SandboxConfig
 from tasks.loop import EpisodeResult, Limits, SteppedEpisode, run_episode
 from tasks.model import DEFAULT_RETRY_WINDOW_S, ModelClient, ModelConfig, ModelReply
 from tasks.records import EpisodeRecord, Recorder, episode_key
+from tasks.spec import RunSpec
 from warehouse.schema import check_run_id
 
 MAX_EPISODES_PER_BATCH = 100_000
@@ -78,6 +89,16 @@ class Sampling(BaseModel):
     )
 
 
+class Budget(BaseModel):
+    """A batch's budget (docs/cost.md): the batch's run stops once its turns cost this much
+    (priced with the server's table: `sandflow rl serve --prices`) or used this many tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_cost_usd: float | None = Field(None, ge=0, allow_inf_nan=False)
+    max_run_tokens: int | None = Field(None, ge=1)
+
+
 class RolloutRequest(BaseModel):
     """POST /v1/rollouts: what the trainer asks for (docs/rl.md has an example)."""
 
@@ -100,6 +121,7 @@ class RolloutRequest(BaseModel):
     branching: BranchSpec | None = Field(
         None, description="tree rollouts: each of the n samples branches (rl.tree)"
     )
+    budget: Budget | None = Field(None, description="None: the server's default budget (if any)")
 
     @field_validator("tool_call_format")
     @classmethod
@@ -157,6 +179,8 @@ class Batch:
         default_limits: Limits,
         warehouse: Any | None = None,
         prompt_dir: str | None = None,
+        prices: dict[str, Any] | None = None,
+        default_budget: Budget | None = None,
     ) -> None:
         self.request = request
         self.run_id = request.resolved_run_id()
@@ -202,6 +226,23 @@ class Batch:
             extra_body=request.sampling.extra,
         )
         self.client = TextToolClient(self.model_cfg, request.tool_call_format)
+        # the budget (engine.budget) counts the batch's run in the warehouse: the RunSpec it reads
+        b = request.budget or default_budget or Budget()
+        self.budget_spec = RunSpec(
+            run_id=self.run_id,
+            model=request.endpoint.model,
+            base_url=request.endpoint.base_url,
+            warehouse=str(warehouse.root) if warehouse is not None else None,
+            prices=dict(prices or {}),
+            max_cost_usd=b.max_cost_usd,
+            max_run_tokens=b.max_run_tokens,
+        )
+        budgets.check_priced(self.budget_spec)  # RunConfigError (a ValueError): 422, before any work
+        self.budget = (
+            budgets.RunBudget(self.budget_spec, self.cancel_event)
+            if budgets.has_budget(self.budget_spec)
+            else None
+        )
         self.active = 0  # episodes holding a sandbox or a model call right now
         self.peak_active = 0
         self._active_lock = threading.Lock()
@@ -218,16 +259,27 @@ class Batch:
         return not claimed
 
     def _cancelled(self, episode_id: str) -> bool:
-        return self.cancel_event.is_set()
+        """The trainer (or the server) stopped the batch; a spent budget is not that: its
+        episodes keep their `budget_exhausted` ending (rl.recording)."""
+        return self.cancel_event.is_set() and not self.budget_spent
 
     # -- cancel -----------------------------------------------------------------------
     def cancel(self, reason: str = "the trainer disconnected") -> None:
         """Stop the batch now; safe to call from any thread, more than once."""
         self.cancel_event.cancel(reason)
 
+    @property
+    def budget_spent(self) -> bool:
+        """The batch's budget stopped it (not the trainer, not the server)."""
+        return self.cancel_event.is_set() and self.cancel_event.termination == budgets.TERMINATION
+
     def _stop_everything(self, reason: str) -> None:
         """The token's callback: remove the batch's live sandboxes (the loop, seeing the
-        token, records their episodes as interrupted) and abandon its model calls."""
+        token, records their episodes as interrupted) and abandon its model calls. Not when
+        the budget set it: running episodes end at their next turn boundary by themselves
+        (tasks.loop), their paid replies' tools run."""
+        if self.budget_spent:
+            return
         from sandbox import registry
 
         for box in registry.live():
@@ -242,6 +294,10 @@ class Batch:
     def _attempt(self, ep: EpisodeSpec) -> tuple[EpisodeSpec, Any]:
         """The engine's job: one attempt; InfraFailure (carrying the result) when it is
         worth another, EpisodeCancelled when the batch was cancelled."""
+        if self.budget is not None:  # what the warehouse holds: earlier attempts, a resumed batch
+            self.budget.refresh()
+            if self.cancel_event.is_set():
+                raise EpisodeCancelled(f"episode {ep.key} not started: {self.cancel_event.reason}")
         if self.branching is not None:
             return self._tree(ep, self.branching)
         with self._active_lock:
@@ -259,14 +315,18 @@ class Batch:
                 client=self.client,
                 prompt_dir=self.prompt_dir,
                 cancel=self.cancel_event,
+                on_event=self.budget.hook(ep.key) if self.budget is not None else None,
             )
         finally:
             with self._active_lock:
                 self.active -= 1
+            if self.budget is not None:
+                self.budget.episode_ended(ep.key)
         with self._active_lock:
             self._attempts[ep.key] = attempts = self._attempts.get(ep.key, 0) + 1
         result.record.config["attempts"] = attempts
-        if result.record.termination == "interrupted" and self.cancel_event.is_set():
+        stopped = result.record.termination in ("interrupted", budgets.TERMINATION)
+        if stopped and self.cancel_event.is_set():
             raise EpisodeCancelled(f"episode {ep.key} stopped: {self.cancel_event.reason}")
         if is_retryable(result.record.termination):
             raise InfraFailure(f"{ep.label}: {result.record.termination}", (ep, result), self.run_id)
@@ -306,13 +366,15 @@ class Batch:
         finally:
             with self._active_lock:
                 self.active -= 1
+            if self.budget is not None:  # a tree's spending is counted when it ends
+                self.budget.episode_ended(ep.key)
         with self._active_lock:
             self._attempts[ep.key] = attempts = self._attempts.get(ep.key, 0) + 1
         for b in branches:
             b.episode.record.config["attempts"] = attempts
         term = root.record.termination
         if self.cancel_event.is_set() and any(
-            b.episode.record.termination == "interrupted" for b in branches
+            b.episode.record.termination in ("interrupted", budgets.TERMINATION) for b in branches
         ):
             raise EpisodeCancelled(f"tree {ep.key} stopped: {self.cancel_event.reason}")
         if len(branches) == 1 and is_retryable(term):
@@ -383,6 +445,12 @@ class Batch:
             "step": self.request.step,
             "policy_version": self.request.policy_version,
         }
+        if self.budget_spent and (
+            result is None or result.record.termination in ("interrupted", budgets.TERMINATION)
+        ):
+            # never started, or stopped at a turn boundary: no sample, never a zero reward
+            return base | {"status": "cancelled", "termination": budgets.TERMINATION,
+                           "reward": None, "reason": self.cancel_event.reason}  # fmt: skip
         if (
             result is None
             or self.cancel_event.is_set()
@@ -485,7 +553,7 @@ class Batch:
                     self.warehouse.write_scores(scores)
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out = {
             "type": "done",
             "run_id": self.run_id,
             "episodes": sum(self.counts.values()) if self.branching else self.total,
@@ -493,6 +561,13 @@ class Batch:
             "peak_concurrent": self.peak_active,
             "wall_s": round(time.monotonic() - self.t0, 3),
         }
+        if self.budget is not None:
+            # {max_cost_usd, max_run_tokens, spent_tokens, spent_usd, exhausted}
+            out["budget"] = self.budget.summary()
+        if self.budget_spent:
+            out["stopped"] = budgets.TERMINATION
+            out["reason"] = self.cancel_event.reason
+        return out
 
 
 def _score_row(event: dict[str, Any], task: Task) -> dict[str, Any]:

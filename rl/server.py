@@ -9,7 +9,9 @@ Bound to 127.0.0.1 by default (`sandflow rl serve --host` to change it). Episode
 batches share one bound (`max_concurrency`: sandboxes and model calls at once) and one
 worker thread per slot. A trainer that disconnects cancels its batch: no new episode
 starts, running ones stop and their sandboxes are removed (rl.batch). Every batch is a
-warehouse run (status finished / interrupted), compacted at its end.
+warehouse run (status finished / interrupted / budget_exhausted), compacted at its end.
+A batch's budget (the request's `budget`, or the server's default) stops it cleanly:
+rl.batch and docs/cost.md.
 
 The endpoint's API key, when the trainer sends one, is used for the model calls only:
 it is never written to the warehouse, the logs or the stream.
@@ -32,7 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from datasets_prep.rows import RowError
-from rl.batch import Batch, RolloutRequest
+from rl.batch import Batch, Budget, RolloutRequest
 from sandbox.base import SandboxConfig
 from tasks.loop import Limits
 from warehouse import DEFAULT_ROOT
@@ -50,6 +52,10 @@ class ServerConfig(BaseModel):
     durability: str = "turn"
     compact: bool = True
     prompt_dir: str | None = None
+    # tasks.pricing.PriceTable as JSON: prices each batch's tokens (recorded in its run:
+    # `run_cost`) and its cost budget; {}: none (cost unknown, --max-cost refused)
+    prices: dict[str, Any] = Field(default_factory=dict)
+    budget: Budget | None = Field(None, description="each batch's budget when its request sets none")
 
 
 def create_app(config: ServerConfig | None = None) -> FastAPI:
@@ -103,6 +109,8 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
                 default_limits=cfg.limits,
                 warehouse=state["warehouse"],
                 prompt_dir=cfg.prompt_dir,
+                prices=cfg.prices,
+                default_budget=cfg.budget,
             )
         except ValidationError as exc:
             return JSONResponse({"error": _validation_message(exc)}, status_code=422)
@@ -191,6 +199,11 @@ def _write_run(wh: Any, batch: Batch) -> None:
             "sampling": req.sampling.model_dump(),
             "endpoint": req.endpoint.model_dump(),  # api_key excluded by the model
             "limits": batch.limits.model_dump(),
+            # what `run_cost` prices the batch's turns with (warehouse/cost.py), and its budget
+            "model": {"model": req.endpoint.model, "base_url": req.endpoint.base_url},
+            "prices": batch.budget_spec.prices,
+            "max_cost_usd": batch.budget_spec.max_cost_usd,
+            "max_run_tokens": batch.budget_spec.max_run_tokens,
         },
     )
     wh.keep_tasks(batch.run_id, batch.tasks, name="rl-batch")  # the exact tasks it runs
@@ -201,7 +214,11 @@ def _finish_run(wh: Any, batch: Batch, finished: bool, compact: bool) -> None:
     if wh is None or not batch.claim_finish():
         return
     try:
-        wh.finish_run(batch.run_id, status="finished" if finished else "interrupted")
+        if batch.budget_spent:
+            wh.finish_run(batch.run_id, status="budget_exhausted",
+                          notes=f"budget: {batch.cancel_event.reason}")
+        else:
+            wh.finish_run(batch.run_id, status="finished" if finished else "interrupted")
         if compact and finished:
             wh.compact(batch.run_id)
     except Exception as exc:  # the rollouts were delivered; the bookkeeping can be redone

@@ -154,8 +154,14 @@ class ReplayResult:
 
 
 # ------------------------------------------------------------------ the comparison
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def _clip(text: str, n: int = LINE_CHARS) -> str:
-    return text if len(text) <= n else text[: n - 3] + "..."
+    """One shown line: at most `n` characters, control characters (a terminal's escape
+    sequences from sandbox output) shown as \\xNN, never sent raw."""
+    text = text if len(text) <= n else text[: n - 3] + "..."
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def mask(text: str, extra: Sequence[re.Pattern[str]] = ()) -> str:

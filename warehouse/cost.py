@@ -12,7 +12,8 @@ is NULL ("unknown"), never 0. A turn whose server reported no usage is unknown t
 
 Views (registered by warehouse/query.py after the base views):
 
-  turn_cost     one row per turn: model, the four token counts, cost_usd
+  turn_cost     one row per turn: model, the four token counts, cost_usd; `inherited`: a
+                branch's turn before its branch_turn (its parent's, paid there: cost 0)
   episode_cost  one row per episode: tokens, turns, unpriced_turns, cost_usd
                 (NULL when any turn is unpriced; 0 for a priced episode with no turns),
                 sandbox_cpu_s and sandbox_peak_memory_bytes (from the sandbox's cgroup)
@@ -114,13 +115,16 @@ _TURN_COST = """
 """
 
 COST_VIEWS: dict[str, str] = {
+    # A branched episode's turns before its branch_turn are its parent's (forked or
+    # replayed, issue #25): paid once, by the parent; here `inherited` and cost 0.
     "turn_cost": f"""
         SELECT t.run_id, t.episode_id, t.turn_index, e.model,
                t.prompt_tokens, t.completion_tokens,
                coalesce(t.cached_tokens, 0) AS cached_tokens,
                coalesce(t.reasoning_tokens, 0) AS reasoning_tokens,
                p.price_source,
-               {_TURN_COST} AS cost_usd
+               CASE WHEN t.turn_index < e.branch_turn THEN 0.0 ELSE {_TURN_COST} END AS cost_usd,
+               coalesce(t.turn_index < e.branch_turn, false) AS inherited
         FROM turns t JOIN episodes e USING (run_id, episode_id)
         LEFT JOIN _run_prices p ON p.run_id = t.run_id AND p.model = e.model
     """,

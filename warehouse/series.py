@@ -309,6 +309,9 @@ class SeriesData:
     usage: list[dict[str, Any]] = field(
         default_factory=list
     )  # run_id, capability, turns_with, turns
+    # run_id, mode, task_id, episodes, cost_usd (NULL: some episode of the task is unpriced;
+    # warehouse/cost.py's episode_cost, priced by each run's recorded table)
+    cost: list[dict[str, Any]] = field(default_factory=list)
 
 
 def read_series(root: Path | str, run_id: str, *, last: int = 14) -> SeriesData:
@@ -317,7 +320,7 @@ def read_series(root: Path | str, run_id: str, *, last: int = 14) -> SeriesData:
     from warehouse.query import WarehouseQuery
 
     out = SeriesData(run_id=run_id)
-    with WarehouseQuery(root, tables=("runs", "episodes", "scores", "usage")) as q:
+    with WarehouseQuery(root, tables=("runs", "episodes", "scores", "usage", "turns")) as q:
         me = q.arrow(
             "SELECT series_key, series, dataset, dataset_hash, model, run_number, previous_run_id "
             f"FROM run_series WHERE run_id = {_q(run_id)} LIMIT 1"
@@ -355,6 +358,15 @@ def read_series(root: Path | str, run_id: str, *, last: int = 14) -> SeriesData:
             )
             SELECT u.run_id, u.capability, count(*) AS turns_with, any_value(tot.turns) AS turns
             FROM u JOIN tot USING (run_id) GROUP BY ALL ORDER BY u.run_id, u.capability
+            """
+        ).to_pylist()
+        # what each task cost per run x mode (infra failures too: they were paid for)
+        out.cost = q.arrow(
+            f"""
+            SELECT run_id, mode, task_id, count(*) AS episodes,
+                   CASE WHEN count(cost_usd) < count(*) THEN NULL ELSE sum(cost_usd) END AS cost_usd
+            FROM episode_cost WHERE run_id IN {sel}
+            GROUP BY ALL ORDER BY run_id, mode, task_id
             """
         ).to_pylist()
     return out

@@ -31,7 +31,7 @@ from warehouse.rundata import RunData, latest_scores
 from warehouse.runs import finish_run, read_run, write_run
 from warehouse.schema import check_run_id
 from warehouse.series import MAX_TURNS, SeriesData, read_series, read_trajectories
-from warehouse.tasksets import keep_tasks, run_tasks, unlike_tasks
+from warehouse.tasksets import adhoc_task, keep_adhoc_task, keep_tasks, run_tasks, unlike_tasks
 from warehouse.writer import EpisodeWriter
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,13 @@ class Warehouse:
     def run_tasks(self, run_id: str) -> TaskSet | None:
         """The exact tasks `run_id` ran (None when it recorded none)."""
         return run_tasks(self.layout, run_id)
+
+    def keep_adhoc_task(self, run_id: str, task: Task) -> Path:
+        """Keep a task without ground truth (`sandflow run`'s query): a replay reads it."""
+        return keep_adhoc_task(self.layout, run_id, task)
+
+    def adhoc_task(self, run_id: str, task_id: str) -> Task | None:
+        return adhoc_task(self.layout, run_id, task_id)
 
     def unlike_tasks(self, run_a: str, run_b: str) -> str | None:
         """Why two runs cannot be paired task by task (one sentence), or None."""

@@ -20,13 +20,15 @@ sentence, why two runs cannot be paired task by task (or None when they can).
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from datasets_prep.io import read_taskset, write_taskset
-from datasets_prep.task import Task, TaskSet
+import datasets_prep.limits as task_limits
+from datasets_prep.io import atomic_write, read_taskset, write_taskset
+from datasets_prep.task import Task, TaskSet, TaskValidationError, decode_maybe_bytes, make_task
 from warehouse.layout import Layout, new_id
 from warehouse.schema import check_run_id
 
@@ -98,6 +100,52 @@ def run_tasks(layout: Layout, run_id: str) -> TaskSet | None:
                 )
             seen.setdefault(t.id, t)
     return TaskSet.build(list(seen.values()), name=name or "tasks", source=f"run:{run_id}")
+
+
+# ------------------------------------------------------------------ ad-hoc tasks
+# `sandflow run`'s query has no ground truth, so it is no task a task set holds (those are
+# tasks a verifier can score, and compare/score/export read them). A replay still needs
+# it (its files are part of the sandbox's state): it is kept beside them as its canonical
+# JSON (`Task.canonical`, bytes as base64) with its content hash, read back only by
+# `adhoc_task`, checked against the hash and re-validated as an ad-hoc task.
+ADHOC_PREFIX = "adhoc-"
+
+
+def keep_adhoc_task(layout: Layout, run_id: str, task: Task) -> Path:
+    """Keep one ad-hoc task of `run_id` (idempotent: its name is its content hash)."""
+    path = tasks_dir(layout, run_id) / f"{ADHOC_PREFIX}{task.content_hash[:20]}.json"
+    if not path.exists():
+        body = json.dumps({"content_hash": task.content_hash, "task": task.canonical()},
+                          ensure_ascii=False, default=str)  # fmt: skip
+        atomic_write(path, lambda tmp: Path(tmp).write_text(body, encoding="utf-8"))
+    return path
+
+
+def adhoc_task(layout: Layout, run_id: str, task_id: str) -> Task | None:
+    """The ad-hoc task `task_id` that `run_id` kept (None: none). RunTasksError names a file
+    that is too big, not JSON, edited since (hash) or not a valid task."""
+    d = tasks_dir(layout, run_id)
+    if not d.is_dir():
+        return None
+    bound = 2 * task_limits.LIMITS.max_task_bytes  # base64 and JSON escaping at most double the task
+    for path in sorted(d.glob(f"{ADHOC_PREFIX}*.json")):
+        try:
+            if path.stat().st_size > bound:
+                raise RunTasksError(f"{path}: {path.stat().st_size} bytes, over {bound} (2x max_task_bytes)")
+            obj = json.loads(path.read_text(encoding="utf-8"))
+            row = obj["task"]
+            if row.get("id") != task_id:
+                continue
+            row["input_files"] = {k: decode_maybe_bytes(v) for k, v in (row.get("input_files") or {}).items()}
+            task = make_task(row, str(path), adhoc=True)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, TaskValidationError) as exc:
+            if isinstance(exc, RunTasksError):
+                raise
+            raise RunTasksError(f"{path}: not a kept ad-hoc task ({type(exc).__name__}: {exc})") from None
+        if task.content_hash != obj.get("content_hash"):
+            raise RunTasksError(f"{path}: content hash mismatch: the file was edited")
+        return task
+    return None
 
 
 def task_versions(layout: Layout, run_id: str) -> dict[str, set[str]]:

@@ -120,6 +120,7 @@ def _prep(verbose: bool) -> None:
 
 def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run a flow: the pipeline's errors as one sentence (exit 1; input errors exit 2)."""
+    from datagen.budget import BudgetExhausted
     from datagen.build import BuildError
     from datagen.synth import SynthConfigError
     from datasets_prep.corpus import CorpusError
@@ -130,7 +131,7 @@ def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return guard(fn, *args, **kwargs)
     except (BuildError, CorpusError, SynthConfigError) as e:
         _bad(str(e))
-    except ModelError as e:
+    except (ModelError, BudgetExhausted) as e:
         raise fail(str(e), EXIT_FAILED) from None
 
 
@@ -329,6 +330,21 @@ def cmd_build(
     max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
     domain: str = typer.Option("general", "--domain"),
     build_id: str = _BUILD_ID,
+    prices: str = typer.Option(
+        None, "--prices",
+        help="Price table (JSON file or text; default SANDFLOW_PRICES or [prices] in sandflow.toml): "
+        "prices the build's model calls for --max-cost, and the calibration run's cost. docs/cost.md.",
+    ),
+    max_cost: float = typer.Option(
+        None, "--max-cost", min=0.0,
+        help="The build's budget in USD (synthesis replies + calibration turns, resumes included; "
+        "needs a price for the model): reached, the build stops cleanly; the same command with a "
+        "higher budget finishes it.",
+    ),
+    max_run_tokens: int = typer.Option(
+        None, "--max-run-tokens", min=1,
+        help="The build's budget in tokens (prompt + completion of synthesis and calibration); as --max-cost.",
+    ),
     verbose: bool = _VERBOSE,
 ) -> None:
     """The whole path: corpus -> pieces -> questions -> clean -> calibrated -> train data + card.
@@ -343,9 +359,13 @@ def cmd_build(
     _check_synth(structured, template, questions)
     _check_band(band)
     sets = _decontaminate(decontaminate)
-    s = _settings(warehouse=warehouse, model=model, base_url=base_url)
+    from sandflow.commands.pipeline import _budget_priced, _prices
+
+    s = _settings(warehouse=warehouse, model=model, base_url=base_url, prices=_prices(prices))
     bid = _build_id(out, build_id)
-    spec = _spec(s, mode="sandbox", concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens)
+    spec = _spec(s, mode="sandbox", concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens,
+                 max_cost_usd=max_cost, max_run_tokens=max_run_tokens)
+    _budget_priced(spec)
     _run("data_build_flow", (out, bid, str(s.warehouse)), corpus, out, spec, verbose=verbose,
          progress="questions, then episodes", questions=questions, types=type_list, structured=structured,
          synth_concurrency=concurrency, template=template, synth_max_tokens=max_tokens,

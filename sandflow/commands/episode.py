@@ -175,7 +175,7 @@ def register(app: typer.Typer) -> None:
             help="RUN/EPISODE of the warehouse (--warehouse, else the configured one): rebuild its "
             "sandbox by re-running its recorded tool calls of turns < --until-turn in a fresh sandbox, "
             "check each result against the recording, then let --model go on from its recorded "
-            "messages. Recorded there as a new episode with its parent and branch turn (docs/rl.md, \"Replay\").",
+            "messages. Recorded there as a new episode with its parent and branch turn (docs/rl.md, \"Replay and lineage\").",
         ),
         until_turn: int | None = typer.Option(
             None, "--until-turn", min=0, rich_help_panel="Replay",
@@ -198,8 +198,9 @@ def register(app: typer.Typer) -> None:
         from /testbed/output/answer.txt. Everything is saved to <output-dir>/<timestamp>/:
         files/ (the sandbox's output folder), trajectory.json and records.jsonl.
 
-        Exit code: 0 the episode ran (see the summary line), 2 bad input, endpoint or model
-        name, 3 the model endpoint or the sandbox failed mid-episode.
+        Exit code: 0 the episode ran (see the summary line), 1 a --replay diverged from its
+        recording, 2 bad input, endpoint or model name, 3 the model endpoint or the sandbox
+        failed mid-episode.
 
         Examples:
 

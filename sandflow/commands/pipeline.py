@@ -433,6 +433,11 @@ def bench(
         "significantly since the previous run of the series (Holm-adjusted exact test, --alpha).",
     ),
     alpha: float = typer.Option(0.05, "--alpha", min=0.0001, max=0.5, help="Significance level of the nightly comparison."),
+    max_cost_increase: float = typer.Option(
+        None, "--max-cost-increase", min=0.0, max=1e6,
+        help="With --fail-on-regression: a rise of the cost per task above this percent since the "
+        "previous run of the series is a regression too (tasks priced in both runs; docs/cost.md).",
+    ),
     wait: bool = _WAIT,
     prices: str = _PRICES,
     max_cost: float = _MAX_COST,
@@ -515,6 +520,7 @@ def bench(
                 rollouts=rollouts,
                 fail_on_regression=fail_on_regression,
                 alpha=alpha,
+                max_cost_increase=max_cost_increase,
             )
         except RegressionFound as exc:  # the report is written; say so, then exit non-zero
             regression, result = exc, exc.summary

@@ -70,17 +70,42 @@ def serve(
     no_compact: bool = typer.Option(
         False, "--no-compact", help="Do not compact each batch's run at its end."
     ),
+    prices: str | None = typer.Option(
+        None,
+        "--prices",
+        help="Price table (JSON file or text; default SANDFLOW_PRICES or [prices] in "
+        "sandflow.toml): each batch's run records it, `run_cost` prices its tokens. docs/cost.md.",
+    ),
+    max_cost: float | None = typer.Option(
+        None,
+        "--max-cost",
+        min=0.0,
+        help="Each batch's budget in USD unless its request sets `budget` (needs a price for "
+        "the model): reached, the batch stops cleanly (budget_exhausted; docs/cost.md).",
+    ),
+    max_run_tokens: int | None = typer.Option(
+        None,
+        "--max-run-tokens",
+        min=1,
+        help="Each batch's budget in tokens (prompt + completion) unless its request sets `budget`.",
+    ),
 ) -> None:
     """Serve rollouts: POST /v1/rollouts with tasks x n, the trainer's endpoint and sampling;
     trajectories stream back as NDJSON as each episode ends (docs/rl.md)."""
+    from rl.batch import Budget
     from rl.server import ServerConfig
     from rl.server import serve as run_server
-    from sandflow.config import load_settings
+    from sandflow.config import flag_prices, load_settings
     from sandflow.errors import EXIT_USAGE, fail
     from tasks.spec import RunSpec
 
+    try:
+        table = flag_prices(prices)
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE, label="Error") from None
     settings = load_settings(
-        warehouse=warehouse, backend=backend, durability=durability_value(durability)
+        warehouse=warehouse, backend=backend, durability=durability_value(durability),
+        **({"prices": table} if table is not None else {}),
     )
     if settings.backend not in ("docker", "bwrap"):
         raise fail(f"--backend {settings.backend!r}: use docker or bwrap", EXIT_USAGE, label="Error")
@@ -104,6 +129,10 @@ def serve(
         limits=spec.to_limits(),
         compact=not no_compact,
         durability=settings.durability,
+        prices=settings.prices.public_dict(),
+        budget=Budget(max_cost_usd=max_cost, max_run_tokens=max_run_tokens)
+        if max_cost is not None or max_run_tokens is not None
+        else None,
     )
     where = "nothing (--no-record)" if cfg.warehouse is None else str(cfg.warehouse)
     typer.echo(

@@ -192,9 +192,26 @@ def runs(
         by_run: dict[str, list[dict[str, Any]]] = {}
         for a in acc.rows:
             by_run.setdefault(a["run_id"], []).append(a)
+        costs = {c["run_id"]: c for c in run_costs(lw, ids)}
         for r in rows:
             r["accuracy"] = by_run.get(r["run_id"], [])
+            r["cost"] = costs.get(r["run_id"])
     return rows, total
+
+
+def run_costs(lw: LiveWarehouse, run_ids: list[str]) -> list[dict[str, Any]]:
+    """`run_cost` rows of these runs (warehouse/cost.py: priced with the price table each
+    run recorded; cost_usd NULL = unknown, never 0). The filter on run_id reaches the
+    partitioned turns, so a page of runs reads only their turns."""
+    if not run_ids:
+        return []
+    return lw.fetch(
+        "SELECT run_id, models, turns, prompt_tokens, completion_tokens, cached_tokens, "
+        "reasoning_tokens, unpriced_turns, unpriced_episodes, cost_usd, known_cost_usd, "
+        "cost_per_episode, sandbox_cpu_s, sandbox_peak_memory_bytes "
+        f"FROM run_cost WHERE run_id IN ({_placeholders(len(run_ids))})",
+        run_ids,
+    ).rows
 
 
 def run_info(lw: LiveWarehouse, run_id: str) -> dict[str, Any] | None:

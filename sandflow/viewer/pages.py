@@ -116,6 +116,7 @@ def template_env() -> Environment:
     env.filters.update(
         num=present.num,
         seconds=present.seconds,
+        usd=present.usd,
         when=present.when,
         short=present.short,
         score_class=present.score_class,

@@ -235,6 +235,14 @@ def num(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
+def usd(v: Any) -> str:
+    """Dollars to 1/100 of a cent; "unknown" for None (no price for the model, or a turn
+    without usage: warehouse/cost.py), never 0 or a blank that reads as free."""
+    if v is None:
+        return "unknown"
+    return f"${float(v):,.4f}"
+
+
 def seconds(v: Any) -> str:
     if v is None:
         return "—"

@@ -60,10 +60,11 @@ def read_turns(root: Any, run_id: str) -> list[dict[str, Any]]:
 
 @contextmanager
 def rollout_server(
-    wh: Path, reuse: str = "fresh", graceful_s: float | None = None
+    wh: Path, reuse: str = "fresh", graceful_s: float | None = None, **config: Any
 ) -> Iterator[tuple[str, Any]]:
     """A real rollout server (uvicorn, a thread) on a free port: (its URL, the server).
-    graceful_s: streams still open that long after a stop are cut (`serve()` uses 10 s)."""
+    graceful_s: streams still open that long after a stop are cut (`serve()` uses 10 s).
+    `config`: more ServerConfig fields (prices, budget)."""
     import uvicorn
 
     from rl.server import ServerConfig, create_app
@@ -75,6 +76,7 @@ def rollout_server(
         sandbox=SandboxConfig(limits=SandboxLimits(network="none", memory_mb=512), reuse=reuse),
         limits=Limits(max_steps=6, wall_clock_s=120),
         durability="flush",
+        **config,
     )
     srv = uvicorn.Server(
         uvicorn.Config(

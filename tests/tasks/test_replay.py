@@ -66,6 +66,22 @@ def _record_parent(model: ScriptedModel, tmp_path: Path, script: list | None = N
     return wh, run_id, result.record.episode_id
 
 
+def _record_parent_cli(model: ScriptedModel, tmp_path: Path, script: list) -> tuple[Path, str, str]:
+    """A parent recorded by `sandflow run -q ... -i DIR --warehouse` (an ad-hoc task: no
+    ground truth; the run keeps it for a replay)."""
+    inputs = tmp_path / "in"
+    inputs.mkdir(exist_ok=True)
+    (inputs / "numbers.txt").write_text("1 2 3\n")
+    model.models = ["scripted", "other-model"]
+    model.push(*script)
+    wh = tmp_path / "wh"
+    res = runner.invoke(app, ["run", "-q", "Count the numbers", "-u", model.url, "-i", str(inputs),
+                              "-o", str(tmp_path / "runs"), "--warehouse", str(wh), "--quiet"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (ep,) = Warehouse(wh).episodes().to_pylist()
+    return wh, ep["run_id"], ep["episode_id"]
+
+
 def _replay(model: ScriptedModel, wh: Path, source: str, k: int, *more: str):  # type: ignore[no-untyped-def]
     return runner.invoke(app, ["run", "--replay", source, "--until-turn", str(k), "-u", model.url,
                                "-m", "other-model", "-o", str(wh.parent / "replays"),
@@ -118,10 +134,10 @@ def test_a_planted_divergence_is_caught_and_nothing_is_recorded(
     scripted_model: ScriptedModel, tmp_path: Path
 ) -> None:
     planted = [
-        tool_reply("execute_bash", {"command": "echo steady; head -c 6 /dev/urandom | od -An -tx1"}),
+        tool_reply("execute_bash", {"command": "cat documents/numbers.txt; head -c 6 /dev/urandom | od -An -tx1"}),
         tool_reply("submit", {}),
     ]
-    wh, run_id, parent_id = _record_parent(scripted_model, tmp_path, planted)
+    wh, run_id, parent_id = _record_parent_cli(scripted_model, tmp_path, planted)
     scripted_model.requests.clear()
     res = _replay(scripted_model, wh, f"{run_id}/{parent_id}", 1)
     assert res.exit_code == 1, res.output
@@ -172,3 +188,36 @@ def test_the_rule_masks_what_varies_and_nothing_else() -> None:
     (d,) = compare(0, 0, same.model_copy(update={"content": long_a}),
                    same.model_copy(update={"content": long_a.replace("line", "LINE")}))
     assert len(d.describe().splitlines()) <= 23  # bounded: 20 diff lines and a count
+    # sandbox output is hostile: a terminal escape sequence is shown, never sent raw
+    (d,) = compare(0, 0, same, same.model_copy(update={"content": "\x1b]0;pwned\x07\n"}))
+    assert "\x1b" not in d.describe() and "\\x1b]0;pwned\\x07" in d.describe()
+
+
+@pytest.mark.bwrap
+def test_replay_on_bwrap_through_the_library(scripted_model: ScriptedModel, sandbox_rootfs: str) -> None:
+    """The same rebuild on the bubblewrap backend, through tasks.replay directly: no
+    divergence, the state rebuilt, the continuation recorded with its lineage."""
+    from datasets_prep.task import make_task
+    from tasks.loop import Limits, run_episode
+    from tasks.records import NullRecorder
+    from tasks.replay import replay_episode
+    from tests.tasks.conftest import fast_model, sandbox_config
+
+    task = make_task({"id": "count", "domain": "math", "problem_statement": "Count the numbers.",
+                      "ground_truth": "3", "input_files": {"numbers.txt": "1 2 3\n"}}, "test")  # fmt: skip
+    sb = sandbox_config().model_copy(update={"backend": "bwrap"})
+    scripted_model.push(*PARENT)
+    parent = run_episode(task, fast_model(scripted_model), sb, NullRecorder(), run_id="bw-parent",
+                         limits=Limits(max_steps=8))  # fmt: skip
+    assert parent.record.termination == "submitted", parent.record
+    scripted_model.push(tool_reply("execute_bash", {"command": "cat state.txt; echo FOO=$FOO; pwd"}),
+                        tool_reply("submit", {}))  # fmt: skip
+    rec = NullRecorder()
+    played = replay_episode(task, parent.record, parent.turns, 3, fast_model(scripted_model), sb, rec,
+                            run_id="bw-replay")  # fmt: skip
+    assert played.check.total == 0 and played.check.calls == 2, played.check.describe()
+    out = played.result.turns[3].observations[0].content
+    assert "x=1" in out and "FOO=bar" in out and "/testbed/work" in out
+    (ep,) = rec.episodes
+    assert (ep.parent_episode_id, ep.branch_turn, ep.branch_kind) == (parent.record.episode_id, 3, "replay")
+    assert [t.turn_index for t in rec.turns] == [0, 1, 2, 3, 4] and ep.config["replay"]["divergences"] == 0

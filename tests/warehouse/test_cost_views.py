@@ -66,3 +66,22 @@ def test_a_run_without_prices_and_a_broken_recorded_table(tmp_path: Path) -> Non
     with connect(root, prices=load_prices(PRICES)) as q:  # a session table prices both
         assert [u is not None for (u,) in q.rows("SELECT cost_usd FROM run_cost")] == [True, True]
         assert q.rows("SELECT DISTINCT price_source FROM turn_cost") == [("session",)]
+
+
+def test_a_branchs_inherited_turns_are_paid_once(tmp_path: Path) -> None:
+    """A replayed or forked episode records its parent's turns before its branch turn (issue
+    #25); the parent paid for them: the branch's cost counts only its own turns."""
+    root = _wh(tmp_path, "r5", PRICES)
+    parent, pturns = make_episode("r5", "t1", turns=3)
+    child, cturns = make_episode("r5", "t1", sample=1, turns=3)
+    child = child.model_copy(update={"parent_episode_id": parent.episode_id, "branch_turn": 2,
+                                     "branch_kind": "replay"})  # fmt: skip
+    with Warehouse(root).writer() as w:
+        record(w, parent, pturns)
+        record(w, child, cturns)
+    with connect(root) as q:
+        rows = q.rows(f"SELECT turn_index, inherited, cost_usd > 0 FROM turn_cost "
+                      f"WHERE episode_id = '{child.episode_id}' ORDER BY turn_index")  # fmt: skip
+        assert rows == [(0, True, False), (1, True, False), (2, False, True)]
+        ((p_usd,), (c_usd,)) = q.rows("SELECT cost_usd FROM episode_cost ORDER BY sample_index")
+        assert (p_usd, c_usd) == pytest.approx((435e-6, 155e-6))  # the child: its turn 2 only

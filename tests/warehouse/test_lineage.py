@@ -84,3 +84,29 @@ def test_files_without_the_lineage_columns_still_read(tmp_path: Path) -> None:
     assert [row[c] for c in LINEAGE] == [None] * 4
     assert episode_record(row).branch_kind is None
     assert tree == [(ep.episode_id, None, 0, None)]
+
+
+def test_an_adhoc_task_is_kept_for_a_replay_and_an_edit_is_named(tmp_path: Path) -> None:
+    """`sandflow run`'s query (no ground truth) is no task-set task; a replay still needs its
+    files: kept beside the task sets, read back whole, refused once edited."""
+    import json
+
+    import pytest
+
+    from datasets_prep.task import make_task
+    from warehouse import RunTasksError
+
+    task = make_task({"id": "adhoc-1", "domain": "general", "problem_statement": "Count them.",
+                      "ground_truth": None, "input_files": {"a.txt": "1 2\n", "b.bin": b"\x00\xff"}},
+                     "test", adhoc=True)  # fmt: skip
+    wh = Warehouse(tmp_path)
+    path = wh.keep_adhoc_task("r1", task)
+    assert wh.keep_adhoc_task("r1", task) == path  # idempotent
+    back = wh.adhoc_task("r1", "adhoc-1")
+    assert back is not None and back.content_hash == task.content_hash and back.input_files["b.bin"] == b"\x00\xff"
+    assert wh.adhoc_task("r1", "other") is None and wh.run_tasks("r1") is None  # not a task set
+    obj = json.loads(path.read_text())
+    obj["task"]["input_files"]["a.txt"] = "9 9\n"
+    path.write_text(json.dumps(obj))
+    with pytest.raises(RunTasksError, match="content hash mismatch: the file was edited"):
+        wh.adhoc_task("r1", "adhoc-1")

@@ -30,6 +30,7 @@ def run_page(request: Request, run_id: str, pages: PagesDep) -> HTMLResponse:
     def build() -> dict[str, Any]:
         ctx = pages.run_context(request, run_id)
         ctx["accuracy"] = data.run_accuracy(pages.lw, ctx["run_id"])
+        ctx["cost"] = next(iter(data.run_costs(pages.lw, [ctx["run_id"]])), None)
         ctx["options"] = data.filter_options(pages.lw, ctx["run_id"])
         ctx["score_filters"] = list(data.SCORE_FILTERS)
         ctx["capabilities"] = list(data.CAPABILITY_FILTERS)
