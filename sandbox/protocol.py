@@ -170,7 +170,8 @@ class HelperClient:
         limit = payload_deadline if payload_deadline is not None else deadline + STREAM_IDLE_S
         while len(self.buf) < n:
             self._fill(limit)
-        payload = bytes(self.buf[:n])
+        with memoryview(self.buf) as view:
+            payload = bytes(view[:n])  # one copy (a slice of the bytearray would be two)
         del self.buf[:n]
         return header, payload
 
