@@ -152,7 +152,7 @@ def replay_figures(backend: str = "docker") -> dict[str, Any]:
             f"replay_pass{sfx}": check.total == 0}
 
 
-TREE_TURNS = 10  # tool turns per leaf (then submit); the tree branches at turn 5
+TREE_TURNS = 11  # tool turns per leaf, then submit: 12 turns; the tree branches at turn 6
 TREE_WIDTH = 4
 TREE_THINK_S = 0.15  # the scripted model's time per reply (a real policy takes seconds)
 TREE_STEP = "python3 -c 'print(sum(i*i for i in range(200000)))' >> /testbed/work.log"
@@ -203,7 +203,7 @@ def tree_figures() -> dict[str, Any]:
         url = f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
         base = {"tasks": [task], "endpoint": {"base_url": model.url, "model": "scripted"},
                 "sampling": {"max_tokens": 64}, "max_concurrency": 1}  # fmt: skip
-        branching = {"width": TREE_WIDTH, "at_turns": [TREE_TURNS // 2]}
+        branching = {"width": TREE_WIDTH, "at_turns": [(TREE_TURNS + 1) // 2]}
         walls = {}
         with RolloutClient(url) as client:
             for i, (name, extra) in enumerate((("independent", {"n": TREE_WIDTH}),
@@ -218,7 +218,7 @@ def tree_figures() -> dict[str, Any]:
         thread.join(30)
     lps = {k: TREE_WIDTH / v for k, v in walls.items()}
     speedup = lps["tree"] / lps["independent"]
-    print(f"tree    width {TREE_WIDTH} branched at turn {TREE_TURNS // 2} of {TREE_TURNS + 1}: "
+    print(f"tree    width {TREE_WIDTH} branched at turn {(TREE_TURNS + 1) // 2} of {TREE_TURNS + 1}: "
           f"{lps['tree']:.3f} leaves/s vs {lps['independent']:.3f} for {TREE_WIDTH} independent "
           f"episodes: tree_speedup {speedup:.2f}x (goal >= 1.5)")  # fmt: skip
     return {"tree_speedup": speedup, "tree_leaves_per_s": lps["tree"],

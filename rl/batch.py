@@ -521,6 +521,11 @@ class Batch:
             "n": self.request.n,
             "branching": self.branching.model_dump() if self.branching else None,
         }
+        if self.branching is not None:  # a tree holds `width` sandboxes at a branch point
+            from sandbox import prewarm
+
+            at_once = min(self.total, self.request.max_concurrency or self.total)
+            prewarm(self.sandbox, at_once * self.branching.width)  # no-op unless pooled
         fan_out = threading.Thread(
             target=self._fan_out, args=(loop, queue), name=f"rollout-{self.run_id}", daemon=True
         )
