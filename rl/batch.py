@@ -34,7 +34,7 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -300,10 +300,7 @@ class Batch:
                 raise EpisodeCancelled(f"episode {ep.key} not started: {self.cancel_event.reason}")
         if self.branching is not None:
             return self._tree(ep, self.branching)
-        with self._active_lock:
-            self.active += 1
-            self.peak_active = max(self.peak_active, self.active)
-        try:
+        with self._holding(ep.key):
             result = run_episode(
                 ep.task,
                 self.model_cfg,
@@ -317,14 +314,7 @@ class Batch:
                 cancel=self.cancel_event,
                 on_event=self.budget.hook(ep.key) if self.budget is not None else None,
             )
-        finally:
-            with self._active_lock:
-                self.active -= 1
-            if self.budget is not None:
-                self.budget.episode_ended(ep.key)
-        with self._active_lock:
-            self._attempts[ep.key] = attempts = self._attempts.get(ep.key, 0) + 1
-        result.record.config["attempts"] = attempts
+        result.record.config["attempts"] = self._attempt_number(ep.key)
         stopped = result.record.termination in ("interrupted", budgets.TERMINATION)
         if stopped and self.cancel_event.is_set():
             raise EpisodeCancelled(f"episode {ep.key} stopped: {self.cancel_event.reason}")
@@ -332,14 +322,31 @@ class Batch:
             raise InfraFailure(f"{ep.label}: {result.record.termination}", (ep, result), self.run_id)
         return ep, result
 
+    @contextlib.contextmanager
+    def _holding(self, key: str) -> Iterator[None]:
+        """A job holds a slot: counted as active (the peak kept); what it spent is counted
+        from the warehouse once it ends (the budget)."""
+        with self._active_lock:
+            self.active += 1
+            self.peak_active = max(self.peak_active, self.active)
+        try:
+            yield
+        finally:
+            with self._active_lock:
+                self.active -= 1
+            if self.budget is not None:
+                self.budget.episode_ended(key)
+
+    def _attempt_number(self, key: str) -> int:
+        with self._active_lock:
+            self._attempts[key] = attempts = self._attempts.get(key, 0) + 1
+        return attempts
+
     def _tree(self, ep: EpisodeSpec, spec: BranchSpec) -> tuple[EpisodeSpec, list[Branch]]:
         """One attempt of a tree rooted at sample `ep` (rl.tree.grow). Its branches take
         sample indices after the batch's roots, n + root x (max_leaves - 1) + j: unique
         and the same on a retry. Retried as a whole only when the root failed before it
         branched (infrastructure); a branch that fails later is a failed leaf."""
-        with self._active_lock:
-            self.active += 1
-            self.peak_active = max(self.peak_active, self.active)
         base = self.request.n + ep.sample_index * (spec.max_leaves - 1)
         counter = iter(range(base, base + spec.max_leaves - 1))
 
@@ -348,7 +355,7 @@ class Batch:
             self.episode_ids.add(episode_key(self.run_id, ep.task.id, "sandbox", index))
             return index
 
-        try:
+        with self._holding(ep.key):  # a tree's spending is counted when it ends
             root = SteppedEpisode(
                 ep.task,
                 self.sandbox,
@@ -363,13 +370,7 @@ class Batch:
             root.cancel = self.cancel_event
             root.start()
             branches = grow(root, spec, next_index)
-        finally:
-            with self._active_lock:
-                self.active -= 1
-            if self.budget is not None:  # a tree's spending is counted when it ends
-                self.budget.episode_ended(ep.key)
-        with self._active_lock:
-            self._attempts[ep.key] = attempts = self._attempts.get(ep.key, 0) + 1
+        attempts = self._attempt_number(ep.key)
         for b in branches:
             b.episode.record.config["attempts"] = attempts
         term = root.record.termination

@@ -1310,23 +1310,14 @@ def pax_records(data):
     return out
 
 
-class ChunkedReader(io.RawIOBase):
+class ChunkedReader(PayloadReader):
     """A payload of unknown length (a fork archive forwarded as the parent sends it): chunks
     of a 4-byte big-endian length then the bytes; length 0 ends it, FORK_ABORT stops it (the
     parent's export failed: what was written is the host's to wipe)."""
 
     def __init__(self, chan):
-        self.chan = chan
-        self.left = 0
+        super().__init__(chan, 0)
         self.done = False
-
-    def readable(self):
-        return True
-
-    def _wait(self):
-        while not self.chan.buf:
-            if not self.chan.fill(5.0) and self.chan.eof:
-                raise EOFError("host closed the channel mid-payload")
 
     def readinto(self, b):
         if self.left <= 0:
@@ -1343,12 +1334,7 @@ class ChunkedReader(io.RawIOBase):
                     raise ForkRefused("the host stopped the fork (the parent's export failed)")
                 return 0
             self.left = n
-        self._wait()
-        n = min(len(b), self.left, len(self.chan.buf))
-        b[:n] = self.chan.buf[:n]
-        del self.chan.buf[:n]
-        self.left -= n
-        return n
+        return super().readinto(b)
 
     def drain(self):
         sink = bytearray(1 << 16)

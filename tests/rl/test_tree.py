@@ -108,7 +108,6 @@ def test_grow_in_pooled_sandboxes_with_the_episodes_own_model() -> None:
     """rl.tree.grow without the server: the episode calls its own endpoint (each branch
     its own client: the root's closes when the root ends first), and the branches' sandboxes
     are leases from the warm pool (PooledSandbox.fork), opened while the root runs on."""
-    from datasets_prep.task import Task  # noqa: F401 - math_task builds one
     from rl.tree import BranchSpec, grow
     from sandbox.base import SandboxConfig, SandboxLimits
     from tasks.loop import Limits, SteppedEpisode
