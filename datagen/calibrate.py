@@ -1,8 +1,9 @@
 """Calibrate: keep the candidate tasks the base policy solves sometimes, not always or never.
 
 The base policy runs k samples of every candidate in the sandbox (the caller hands in a
-`PolicyRunner`: today the existing run path through flows/, later the engine), the
-samples are scored by each task's own verifier, and a task's pass rate is the share of
+`PolicyRunner`; `engine_policy` is the one sandflow uses: the run engine, engine.run,
+as a library call, with no orchestrator in it), the samples are scored by each task's
+own verifier, and a task's pass rate is the share of
 its scored samples that passed (score >= `pass_score`, 1.0 by default: a full answer).
 Infrastructure failures are not samples (they are not the policy's answer).
 
@@ -15,8 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
+from analysis.scoring import score_episodes
+from datagen.budget import BudgetExhausted
+from datasets_prep.io import read_taskset
+from engine import RunSpec
+from engine import run as engine_run
+from warehouse import Warehouse
 from warehouse.rundata import RunData
 
 REASONS = ("all_fail", "all_pass", "below_band", "above_band", "no_samples")
@@ -27,6 +35,39 @@ class PolicyRunner(Protocol):
     `run_id` (resumable: a re-run skips the done ones), scores them, and returns the run."""
 
     def __call__(self, task_set: str, run_id: str, samples: int) -> RunData: ...
+
+
+def engine_policy(spec: RunSpec, warehouse: str | Path, executor: Any = None) -> PolicyRunner:
+    """The base policy of `spec` (model, endpoint, sandbox, limits) through the run engine:
+    `samples` episodes of every task of the task-set file in the sandbox under `run_id`
+    (resumable: a re-run with the same id skips the finished episodes), recorded in
+    `warehouse`, scored by each task's own verifier (the scores stored as the score flow
+    stores them), and read back. `executor`: how episodes fan out (engine.executors;
+    default: the engine's threads). No endpoint in `spec`: the engine starts the
+    embedded model for the run. A run the spec's budget stopped (`budget_exhausted`)
+    raises BudgetExhausted: a partial run is not graded."""
+    root = str(Path(warehouse).expanduser())
+
+    def run(task_set: str, run_id: str, samples: int) -> RunData:
+        ts = read_taskset(task_set)
+        one = spec.model_copy(update={"task_set": task_set, "run_id": run_id, "samples": samples,
+                                      "mode": "sandbox", "warehouse": root})
+        summary = engine_run(ts, one, executor=executor).summary
+        if summary.get("status") == "budget_exhausted":  # nothing graded from a partial run
+            raise BudgetExhausted(
+                f"calibration run {run_id} stopped on the build's budget: {summary.get('cancel_reason')}. "
+                "Resume with a higher budget: the same command and --out"
+            )
+        wh = Warehouse(root)
+        # infrastructure failures are not scored (not the policy's answer): a task with
+        # no scored sample is dropped as no_samples, never as all_fail
+        rows, _problems = score_episodes(wh.load_run(run_id, with_turns=False),
+                                         {t.id: t for t in ts.tasks}, None)
+        if rows:
+            wh.write_scores(rows)
+        return wh.load_run(run_id, with_turns=False)
+
+    return run
 
 
 @dataclass(frozen=True)

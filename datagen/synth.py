@@ -85,16 +85,28 @@ class Template:
             where = str(path)
         try:
             doc = yaml.safe_load(data.decode("utf-8"))
-        except (UnicodeDecodeError, yaml.YAMLError) as e:
-            raise SynthConfigError(f"prompt template {where!r} is not UTF-8 YAML: {e}") from None
+        except UnicodeDecodeError as e:
+            raise SynthConfigError(
+                f"prompt template {where!r} is not UTF-8 (byte {data[e.start]:#04x} at offset {e.start})"
+            ) from None
+        except yaml.YAMLError as e:
+            raise SynthConfigError(f"prompt template {where!r} is not valid YAML: {_yaml_problem(e)}") from None
         if not isinstance(doc, dict):
-            raise SynthConfigError(f"prompt template {where!r}: expected a mapping")
+            raise SynthConfigError(f"prompt template {where!r}: expected a mapping with "
+                                   f"name, system, user and types, got a {type(doc).__name__}")
         missing = [k for k in ("name", "system", "user", "types") if not doc.get(k)]
         if missing:
             raise SynthConfigError(f"prompt template {where!r}: missing {', '.join(missing)}")
+        not_text = [k for k in ("name", "system", "user") if not isinstance(doc[k], (str, int, float))]
+        if not_text:
+            raise SynthConfigError(f"prompt template {where!r}: {not_text[0]!r} must be text, "
+                                   f"not a {type(doc[not_text[0]]).__name__}")
         types = doc["types"]
         if not isinstance(types, dict) or any(t not in types for t in TYPES):
             raise SynthConfigError(f"prompt template {where!r}: 'types' must give {', '.join(TYPES)}")
+        bad_type = next((t for t in TYPES if not isinstance(types[t], str) or not types[t].strip()), None)
+        if bad_type:
+            raise SynthConfigError(f"prompt template {where!r}: types.{bad_type} must be non-empty text")
         if "{{document}}" not in str(doc["user"]):
             raise SynthConfigError(f"prompt template {where!r}: 'user' must contain {{{{document}}}}")
         digest = hashlib.sha256(data).hexdigest()[:8]
@@ -107,6 +119,14 @@ class Template:
         safe = document.replace(_CLOSE_TAG, "<\u2060/document").replace("<document", "<\u2060document")
         user = self.user.replace("{{type_instructions}}", self.types[qtype]).replace("{{document}}", safe)
         return [{"role": "system", "content": self.system.strip()}, {"role": "user", "content": user}]
+
+
+def _yaml_problem(e: Exception) -> str:
+    """A YAML error in one line: what is wrong and where (PyYAML's own text spans lines
+    and names "<unicode string>", not the file)."""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(problem)
 
 
 def structured_body(style: str, qtype: str) -> dict[str, Any]:
@@ -263,8 +283,10 @@ def synthesize(
     slots = plan_slots(pieces, n, types)
     cache = cache or ReplyCache(None)
     extras = {t: structured_body(structured, t) for t in TYPES}
-    clients = {t: ModelClient(cfg.model_copy(update={"extra_body": {**cfg.extra_body, **extras[t]}}))
-               for t in set(types)}
+    # one client (one connection pool) for every type: the schema goes per call. A client
+    # per type kept up to three pools of `concurrency` connections each to one endpoint,
+    # and cost ~10% more CPU per call than one pool (benchmarks/data_build.py)
+    client = ModelClient(cfg)
     result = SynthResult(model=cfg.model, template_version=template.version)
     lock = threading.Lock()
 
@@ -279,7 +301,8 @@ def synthesize(
                               BUDGET_EXHAUSTED, spent)
         elif row is None:
             try:
-                reply = clients[slot.qtype].complete(template.messages(slot.qtype, slot.piece.text))
+                reply = client.complete(template.messages(slot.qtype, slot.piece.text),
+                                        extra_body=extras[slot.qtype])
             except ModelError as e:
                 row = None
                 out = SlotOutcome(slot.slot_id, slot.piece.piece_id, slot.qtype, False,
@@ -307,8 +330,7 @@ def synthesize(
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             result.outcomes = list(pool.map(one, slots))
     finally:
-        for c in clients.values():
-            c.close()
+        client.close()
         cache.close()
     result.seconds = time.perf_counter() - t0
     return result

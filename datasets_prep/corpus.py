@@ -33,6 +33,7 @@ from typing import Any
 from datasets_prep import limits as L
 from datasets_prep.convert import split_document
 from datasets_prep.paths import (
+    UnreadablePathError,
     UnsafePathError,
     WalkEntry,
     folder_to_walk,
@@ -52,6 +53,8 @@ REASONS = (
     "not_a_file",  # a fifo, socket or device
     "extract_failed",  # the HTML/PDF extractor failed on it
     "duplicate_document",  # the same normalised text as an earlier document
+    "unreadable",  # the file or folder cannot be read (permissions, an I/O error)
+    "malformed_row",  # a line of a JSON Lines table that is not one JSON object
 )
 
 TEXT_SUFFIXES = frozenset({".txt", ".text", ".md", ".markdown", ".rst", ".org", ".tex", ".csv", ".tsv"})
@@ -198,10 +201,15 @@ def html_text(data: bytes) -> str:
 
 
 def pdf_text(data: bytes, max_pages: int = 2000) -> str:
-    """The text layer of a PDF (pypdf), page by page; a PDF without one is empty."""
+    """The text layer of a PDF (pypdf), page by page; a PDF without one is empty. pypdf's
+    own warnings ("EOF marker not found") are kept off the terminal: they name no file,
+    and a PDF it cannot read is counted as extract_failed with the error as its detail."""
     import io
+    import logging
 
     from pypdf import PdfReader
+
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
 
     try:
         reader = PdfReader(io.BytesIO(data))
@@ -240,7 +248,7 @@ class RawDocument:
 
 
 _WALK_REASONS = {
-    "unlistable": "unsafe_path", "bad_name": "unsafe_path", "stat_error": "unsafe_path",
+    "unlistable": "unreadable", "bad_name": "unsafe_path", "stat_error": "unreadable",
     "link_outside": "unsafe_path", "link_broken": "unsafe_path", "special": "not_a_file",
 }  # fmt: skip
 
@@ -280,8 +288,14 @@ def iter_folder(root: str | Path, max_bytes: int) -> Iterator[RawDocument]:
                 data = read_fd(fd, max_bytes, rel, "max_file_bytes", "per file")
             finally:
                 os.close(fd)
+        except UnreadablePathError as bad:
+            yield RawDocument(rel, reject=Rejected(rel, "unreadable", str(bad)))
+            continue
         except UnsafePathError as bad:
             yield RawDocument(rel, reject=Rejected(rel, "unsafe_path", str(bad)))
+            continue
+        except OSError as bad:  # an I/O error while reading: this document, not the build
+            yield RawDocument(rel, reject=Rejected(rel, "unreadable", f"{rel!r} cannot be read: {bad.strerror}"))
             continue
         try:
             yield RawDocument(rel, text=extract(e.rel, data))
@@ -294,21 +308,28 @@ def iter_table(source: str, text_column: str, max_bytes: int,
     """Rows of a table file or `hf:` dataset, the text in `text_column`."""
     from datasets_prep.loaders import SourceError, load_rows
 
+    label = source if source.startswith("hf:") else Path(source).name
     try:
-        rows = load_rows(source, limit=limit)
+        if _is_json_lines(source):
+            rows: list[Any] = _json_lines(Path(source), label, limit)
+        else:
+            rows = load_rows(source, limit=limit)
     except SourceError as e:
         raise CorpusError(str(e)) from None
-    if rows and text_column not in rows[0]:
+    first = next((r for r in rows if not isinstance(r, Rejected)), None)
+    if first is not None and text_column not in first:
         raise CorpusError(
             f"{source!r} has no column {text_column!r} (its columns: "
-            f"{', '.join(sorted(map(str, rows[0])))}); name the text column with --text-column"
+            f"{', '.join(sorted(map(str, first)))}); name the text column with --text-column"
         )
-    label = source if source.startswith("hf:") else Path(source).name
     for i, row in enumerate(rows):
         where = f"{label}#row{i}"
+        if isinstance(row, Rejected):
+            yield RawDocument(row.source, reject=row)
+            continue
         value = row.get(text_column)
         if value is None:
-            yield RawDocument(where, reject=Rejected(where, "empty", f"no value in {text_column!r}"))
+            yield RawDocument(where, reject=Rejected(where, "empty", f"no value in {text_column!r} (missing or null)"))
         elif isinstance(value, bytes):
             if len(value) > max_bytes:
                 yield RawDocument(where, reject=Rejected(
@@ -320,12 +341,57 @@ def iter_table(source: str, text_column: str, max_bytes: int,
                 yield RawDocument(where, reject=Rejected(where, r.reason, r.detail))
         elif not isinstance(value, str):
             yield RawDocument(where, reject=Rejected(
-                where, "binary", f"{text_column!r} holds a {type(value).__name__}, not text"))
+                where, "binary", f"{text_column!r} holds a value of type {type(value).__name__}, not text"))
         elif len(value) > max_bytes:
             yield RawDocument(where, reject=Rejected(
                 where, "oversized", L.over_limit(where, len(value), "max_file_bytes", "per file")))
         else:
             yield RawDocument(where, text=value)
+
+
+def _is_json_lines(source: str) -> bool:
+    """A local JSON Lines file (.jsonl, .ndjson; a .json file may be one array: the
+    table loader reads it whole)."""
+    p = Path(source)
+    return not source.startswith("hf:") and p.suffix.lower() in (".jsonl", ".ndjson") and p.is_file()
+
+
+def _json_lines(path: Path, label: str, limit: int | None) -> list[Any]:
+    """The rows of a JSON Lines corpus; a line that is not one JSON object is a
+    `malformed_row` naming its line (the other rows are read: one bad line of a
+    million-row corpus does not stop the build, and is counted)."""
+    import json
+
+    from datasets_prep.loaders import SourceError
+
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise SourceError(f"{str(path)!r} cannot be read: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{str(path)!r} is not UTF-8 (byte {data[e.start]:#04x} at offset {e.start})") from None
+    rows: list[Any] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if limit is not None and len(rows) >= limit:
+            break
+        where = f"{label}#row{len(rows)}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            rows.append(Rejected(where, "malformed_row", f"line {n}: invalid JSON ({e.msg} at column {e.colno})"))
+            continue
+        except RecursionError:
+            rows.append(Rejected(where, "malformed_row", f"line {n}: JSON nested too deeply"))
+            continue
+        if not isinstance(obj, dict):
+            rows.append(Rejected(where, "malformed_row", f"line {n}: a JSON {type(obj).__name__}, not an object"))
+            continue
+        rows.append(obj)
+    return rows
 
 
 def is_table_source(source: str) -> bool:

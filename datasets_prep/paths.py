@@ -32,6 +32,7 @@ any regular file the user put in the folder.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import unicodedata
@@ -51,6 +52,10 @@ MAX_SHOWN_PROBLEMS = 20
 class UnsafePathError(ValueError):
     """A host path named by data or a user's folder leads outside its folder, or cannot be
     read safely. The message names the path (and the caller adds the row and field)."""
+
+
+class UnreadablePathError(UnsafePathError):
+    """The path is where it should be but cannot be read (permissions, an I/O error)."""
 
 
 class InputFolderError(ValueError):
@@ -156,7 +161,9 @@ def open_regular(path: str | Path, *, root: str | Path, expect: os.stat_result |
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as e:
-        raise UnsafePathError(f"{str(path)!r} cannot be opened safely: {e.strerror}") from None
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.ENOTDIR):  # a link or a special file swapped in
+            raise UnsafePathError(f"{str(path)!r} cannot be opened safely: {e.strerror}") from None
+        raise UnreadablePathError(f"{str(path)!r} cannot be read: {e.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -5,8 +5,9 @@ priced with the run's price table through tasks.pricing, the cost module's one h
 + the turns of the episodes running in this process, counted as their replies arrive.
 Because the recorded part is read from the warehouse, the budget holds across resumed
 runs and across Dask workers: each process re-reads it before an episode starts and
-after one ends (an episode's turns land in the warehouse when it ends, and then leave
-the running count: nothing is counted twice).
+after one ends, at most every REFRESH_EVERY_S, in one SQL aggregate (an episode's turns
+land in the warehouse when it ends; its spend is kept in memory until the next read has
+counted them).
 
 When the budget is reached the run's cancel token is cancelled with termination
 `budget_exhausted`: no new episode starts (engine.episode.attempt), running ones stop
@@ -22,7 +23,9 @@ count); `run_cost` says such turns are unpriced.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from engine.cancel import CancelToken, renew_after_budget
@@ -32,6 +35,9 @@ from tasks.records import TurnRecord, Usage
 from tasks.spec import RunSpec
 
 TERMINATION = "budget_exhausted"
+# How often a process re-reads the warehouse's count as episodes end: what other workers
+# spent reaches this one at most this late (its own spend is counted live).
+REFRESH_EVERY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -88,38 +94,57 @@ class RunBudget:
         self._lock = threading.Lock()
         self._recorded = Spent(0, 0.0)
         self._running: dict[str, Spent] = {}
+        # ended in this process since the last read of the warehouse: counted from memory
+        self._ended: dict[str, Spent] = {}
+        self._last_refresh = float("-inf")
 
     # -- what is spent --------------------------------------------------------------
     def _zero(self) -> Spent:
         return Spent(0, 0.0 if self.max_cost_usd is not None else None)
 
     def recorded(self) -> Spent:
-        """The run's recorded turns in the warehouse (0 without a warehouse)."""
-        total = self._zero()
-        if not self.run.warehouse:
-            return total
+        """The run's recorded turns in the warehouse (0 without a warehouse), summed in SQL
+        (warehouse.cost.token_sums): the text of the turns is never read."""
+        if not self.run.warehouse or not Path(self.run.warehouse).is_dir():
+            return self._zero()
         from warehouse import Warehouse
+        from warehouse.cost import token_sums
 
-        turns = Warehouse(self.run.warehouse).turns(self.run_id)
-        cols = {n: turns.column(n).to_pylist() for n in Usage.model_fields}
-        for values in zip(*cols.values(), strict=True):
-            usage = Usage(**dict(zip(cols, values, strict=True)))
-            total = total + _usage_spent(self.price, self.max_cost_usd is not None, usage)
-        return total
+        with Warehouse(self.run.warehouse).query(
+            run_id=self.run_id, tables=("episodes", "turns")
+        ) as q:
+            tokens, prompt, completion, cached, reasoning = token_sums(q, self.run_id)
+        if self.max_cost_usd is None:
+            return Spent(tokens, None)
+        usd = self.price.cost(prompt, completion, cached, reasoning) if self.price else None
+        return Spent(tokens, usd or 0.0)
 
     def spent(self) -> Spent:
         with self._lock:
             total = self._recorded
-            for s in self._running.values():
+            for s in (*self._running.values(), *self._ended.values()):
                 total = total + s
             return total
 
     def refresh(self) -> Spent:
-        """Re-read the warehouse (other processes' and earlier runs' episodes), then check."""
+        """Re-read the warehouse (other processes' and earlier runs' episodes), then check.
+        The episodes that ended before the read are in it: they leave the ended count."""
+        with self._lock:
+            counted = set(self._ended)
+            self._last_refresh = time.monotonic()
         recorded = self.recorded()
         with self._lock:
             self._recorded = recorded
+            for key in counted:
+                self._ended.pop(key, None)
         return self.check()
+
+    def refresh_if_due(self) -> Spent:
+        """Before an episode starts: refresh when the last read is REFRESH_EVERY_S old,
+        else check what is known (a worker's first episode always reads the warehouse)."""
+        with self._lock:
+            due = time.monotonic() - self._last_refresh >= REFRESH_EVERY_S
+        return self.refresh() if due else self.check()
 
     # -- the episodes of this process -------------------------------------------------
     def hook(self, episode_key: str) -> Any:
@@ -135,10 +160,14 @@ class RunBudget:
         return on_event
 
     def episode_ended(self, episode_key: str) -> None:
-        """Its turns are in the warehouse now (or lost with it): count them from there."""
+        """Its turns are in the warehouse now (or lost with it): counted from there at the
+        next refresh, at most one per REFRESH_EVERY_S (a run of thousands of episodes
+        re-read the warehouse once per episode: quadratic); until then, from memory."""
         with self._lock:
-            self._running.pop(episode_key, None)
-        self.refresh()
+            spent = self._running.pop(episode_key, None)
+            if spent is not None:
+                self._ended[episode_key] = spent
+        self.refresh_if_due()
 
     # -- the decision --------------------------------------------------------------
     def exceeded(self, spent: Spent) -> str | None:

@@ -147,7 +147,7 @@ def attempt(spec: EpisodeSpec, run: RunSpec, global_limit: GlobalLimit | None = 
     budget = budget_for(run)  # first: a resume with a higher budget renews a spent token
     token = token_for(spec.run_id)
     if budget is not None and not token.is_set():
-        budget.refresh()  # what every process (Dask workers) spent: the warehouse's count
+        budget.refresh_if_due()  # what every process (Dask workers) spent: the warehouse's count
     if token.is_set():
         raise EpisodeCancelled(f"episode {spec.key} not started: {token.reason or 'the run was cancelled'}")
     progress.started(spec.key)

@@ -8,12 +8,19 @@ plans the same keys and skips those the warehouse already holds.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Collection
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
 
 from datasets_prep.task import Task
+from tasks.defaults import (
+    EMBEDDED_MODEL_CONCURRENCY,
+    EMBEDDED_MODEL_MAX_STEPS,
+    EMBEDDED_MODEL_MAX_TOKENS,
+)
 from tasks.records import episode_key
+from tasks.spec import RunSpec
 
 MODES = {"sandbox": ("sandbox",), "llm": ("llm",), "both": ("sandbox", "llm")}
 
@@ -74,3 +81,17 @@ def plan(tasks: list[Task], run_id: str, mode: str, samples: int) -> list[Episod
             )
         seen[t.id] = start + samples
     return out
+
+
+def embedded_model_defaults(spec: RunSpec, told: Collection[str]) -> RunSpec:
+    """`spec` as a run on the embedded model (no endpoint: it is started for the run) does
+    it: of max_steps, concurrency and max_tokens, those the caller was not `told` keep the
+    demo to minutes (tasks/defaults.py says why). With an endpoint, `spec` unchanged."""
+    if spec.base_url:
+        return spec
+    short = {
+        "max_steps": EMBEDDED_MODEL_MAX_STEPS,
+        "concurrency": EMBEDDED_MODEL_CONCURRENCY,
+        "max_tokens": EMBEDDED_MODEL_MAX_TOKENS,
+    }
+    return spec.model_copy(update={k: v for k, v in short.items() if k not in told})

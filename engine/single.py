@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,33 @@ class SingleResult:
     folder: Path
     model: ModelConfig  # what served it (the embedded model's address and name included)
     replay: ReplayCheck | None = None  # a replay's check of the rebuilt prefix
+
+    def summary(self) -> str:
+        """One line: how it ended, turns, time, tokens, the answer (cut at 80), the folder."""
+        rec = self.result.record
+        answer = (rec.answer or "").replace("\n", " ")
+        answer = answer if len(answer) <= 80 else answer[:77] + "..."
+        return (
+            f"{rec.termination} after {rec.num_turns} turn(s) in {rec.wall_s:.1f}s "
+            f"({rec.prompt_tokens} prompt + {rec.completion_tokens} completion tokens); "
+            f"answer: {answer or '-'}; saved to {self.folder}"
+        )
+
+
+def new_stamp() -> str:
+    """A UTC time to the millisecond: the folder's name, and in the run and task ids."""
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")[:-3]
+
+
+def adhoc_task(query: str, domain: str, files: dict[str, str | bytes], stamp: str) -> Task:
+    """An ad-hoc query as a task. It has no ground truth; every other check of a task holds
+    (names, sizes, UTF-8, no secret of the environment in the query or the files):
+    datasets_prep.task.TaskValidationError names what is wrong."""
+    from datasets_prep.task import make_task
+
+    row = {"id": f"adhoc-{stamp}", "domain": domain, "problem_statement": query,
+           "ground_truth": None, "input_files": files}  # fmt: skip
+    return make_task(row, "--query/--input-dir", adhoc=True)
 
 
 def run_single(
@@ -120,6 +148,10 @@ def _with_warehouse(
     from warehouse import Warehouse
 
     wh = Warehouse(root)
+    # Held like a run's (warehouse/runlock.py): if this process dies, readers see the run
+    # interrupted instead of `running` forever.
+    lock = wh.hold_run(run_id)
+    lock.__enter__()
     wh.write_run(run_id, model=cfg.model, dataset="adhoc", status="running",
                  dataset_hash=TaskSet.model_construct(tasks=[task]).content_hash,
                  config={"form": "single", "model": cfg.public_dict()})  # fmt: skip
@@ -133,6 +165,9 @@ def _with_warehouse(
         try:
             writer.close()
         finally:
-            wh.finish_run(run_id, status=status)
+            try:
+                wh.finish_run(run_id, status=status)
+            finally:
+                lock.__exit__(None, None, None)
 
     return TeeRecorder(journal, writer), finish

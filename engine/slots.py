@@ -95,6 +95,7 @@ class LimitedClient(ModelClient):
         tools: list[dict] | None = None,
         max_tokens: int | None = None,
         timeout_s: float | None = None,
+        extra_body: dict[str, Any] | None = None,
     ) -> ModelReply:
         """The call, once a model-call slot is free; the wait counts against `timeout_s`
         (the episode's time left), so a run with few slots and many episodes cannot keep
@@ -103,7 +104,7 @@ class LimitedClient(ModelClient):
         try:
             with slot("model", self.max_calls, MODEL_LIMIT, timeout_s, self.global_limit):
                 left = None if timeout_s is None else timeout_s - (time.monotonic() - t0)
-                return super().complete(messages, tools, max_tokens, left)
+                return super().complete(messages, tools, max_tokens, left, extra_body)
         except SlotTimeout as exc:
             raise ModelError(
                 f"waited {time.monotonic() - t0:.1f}s for a model-call slot "

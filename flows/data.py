@@ -6,9 +6,9 @@ datagen.build.Build's (one output folder, stages keyed by content hashes, every 
 recorded in the warehouse's data_items). Progress goes through engine/progress.py like a
 run's episodes: synthesis reports each question slot, calibration each episode.
 
-Calibration runs the base policy through `base_policy`, THE one place this pipeline
-starts episodes: today the run flow and the score flow (resumable by run id), tomorrow
-the engine (engine/), by changing that function only.
+Calibration runs the base policy through the run engine as a library call
+(datagen.calibrate.engine_policy: engine.run, then each task's verifier; resumable by
+run id): the calibrate flow only hands it the spec and the warehouse.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from prefect import flow
 
 from datagen.budget import BudgetExhausted, BuildBudget
 from datagen.build import Build, BuildError
-from datagen.calibrate import Band, PolicyRunner
+from datagen.calibrate import Band, PolicyRunner, engine_policy
 from datagen.questions import TYPES
 from datagen.synth import SlotOutcome, resolve_structured
 from engine import progress
@@ -32,25 +32,9 @@ from warehouse.rundata import RunData
 
 
 def base_policy(spec: RunSpec) -> PolicyRunner:
-    """Run k samples of a task-set file in the sandbox under a run id, score them, read the
-    run back. A re-run with the same run id resumes (finished episodes are skipped)."""
-    from flows.run import make_task_runner, run_flow
-    from flows.score import score_flow
-
-    def run(task_set: str, run_id: str, samples: int) -> RunData:
-        root = spec.warehouse or DEFAULT_ROOT
-        one = spec.model_copy(update={"task_set": task_set, "run_id": run_id, "samples": samples,
-                                      "mode": "sandbox", "warehouse": root})
-        summary = run_flow.with_options(task_runner=make_task_runner("thread", one.concurrency))(one)
-        if summary.get("status") == "budget_exhausted":  # nothing graded from a partial run
-            raise BudgetExhausted(
-                f"calibration run {run_id} stopped on the build's budget: {summary.get('cancel_reason')}. "
-                "Resume with a higher budget: the same command and --out"
-            )
-        score_flow(run_id=run_id, warehouse=root, task_set=task_set)
-        return Warehouse(root).load_run(run_id)
-
-    return run
+    """The base policy of `spec` through the run engine, recorded in the spec's warehouse
+    (a calibration run stopped by the build's budget: BudgetExhausted, nothing graded)."""
+    return engine_policy(spec, spec.warehouse or DEFAULT_ROOT)
 
 
 def _synth_progress(total: int, build_id: str) -> Any:

@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import flow
 
+from analysis import metrics
 from analysis.report import DEFAULT_VIEWER_URL, ReportData, to_markdown, write_report
 from flows import artifacts
 from warehouse import DEFAULT_ROOT, Warehouse
@@ -57,6 +58,10 @@ def report_flow(
         "changes": rd.nightly.table_rows(),
         "cost_changes": [c.row() for c in rd.nightly.cost],
         "regression": rd.nightly.regression_message(),
+        # what `sandflow bench` prints: the report's own numbers, not a second reading
+        "accuracy": rd.accuracy,
+        "usage": [r for r in rd.usage if r["domain"] == metrics.ALL],
+        "token_ratio": rd.ratio.get(metrics.ALL),
     }
 
 

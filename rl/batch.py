@@ -295,7 +295,7 @@ class Batch:
         """The engine's job: one attempt; InfraFailure (carrying the result) when it is
         worth another, EpisodeCancelled when the batch was cancelled."""
         if self.budget is not None:  # what the warehouse holds: earlier attempts, a resumed batch
-            self.budget.refresh()
+            self.budget.refresh_if_due()
             if self.cancel_event.is_set():
                 raise EpisodeCancelled(f"episode {ep.key} not started: {self.cancel_event.reason}")
         if self.branching is not None:

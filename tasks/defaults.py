@@ -16,3 +16,7 @@ DEFAULT_WALL_CLOCK_S = 900.0
 # With the embedded 135M model (no endpoint given) `bench` keeps its demo short: it rarely
 # submits and each sandbox turn takes 5-15 s of CPU on a 2-core machine.
 EMBEDDED_MODEL_MAX_STEPS = 4
+# ... and one episode at a time (one CPU model server: interleaved episodes would thrash
+# its prefix cache), each call capped at 256 completion tokens (it rambles to the cap).
+EMBEDDED_MODEL_CONCURRENCY = 1
+EMBEDDED_MODEL_MAX_TOKENS = 256

@@ -209,3 +209,24 @@ def cost_by_mode(q: Any, run_id: str) -> list[dict[str, Any]]:
     rel = q.execute(_COST_BY_MODE.format(run_id=check_run_id(run_id)))  # a safe alphabet
     cols = [d[0] for d in rel.description]
     return [dict(zip(cols, row, strict=True)) for row in rel.fetchall()]
+
+
+_TOKEN_SUMS = """
+SELECT coalesce(sum(coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0)), 0),
+       coalesce(sum(prompt_tokens) FILTER (WHERE {reported}), 0),
+       coalesce(sum(completion_tokens) FILTER (WHERE {reported}), 0),
+       coalesce(sum(least(coalesce(cached_tokens, 0), prompt_tokens)) FILTER (WHERE {reported}), 0),
+       coalesce(sum(least(coalesce(reasoning_tokens, 0), completion_tokens))
+                FILTER (WHERE {reported}), 0)
+FROM turns WHERE run_id = '{run_id}'
+""".replace("{reported}", "prompt_tokens IS NOT NULL AND completion_tokens IS NOT NULL")
+
+
+def token_sums(q: Any, run_id: str) -> tuple[int, int, int, int, int]:
+    """A run's recorded turns summed in SQL: (tokens of every turn, then over the turns whose
+    server reported usage: prompt, completion, cached (at most prompt), reasoning (at most
+    completion)). tasks.pricing.Price.cost of these sums is the sum of the turns' costs (its
+    clamps are per turn here). What a budget counts (engine/budget.py) without reading a
+    single turn's text: one aggregate, not one Python object per turn."""
+    row = q.execute(_TOKEN_SUMS.format(run_id=check_run_id(run_id))).fetchone()
+    return (int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))

@@ -37,6 +37,7 @@ from typing import Literal
 from datasets_prep.secrets import scrub
 from tasks.journal import JournalContents, journal_line, read_journal
 from tasks.records import EpisodeRecord, TurnRecord
+from warehouse.tempfiles import try_flock
 
 __all__ = [
     "DURABILITIES",
@@ -231,15 +232,7 @@ class Journal:
 def is_live(path: Path) -> bool:
     """True when some writer (any thread or process on this host) holds the journal's lock."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        with try_flock(path) as fd:
+            return fd is None
     except FileNotFoundError:
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)

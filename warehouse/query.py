@@ -379,6 +379,7 @@ class WarehouseQuery:
         else:
             self._create_partial_turns(snap, journals=False)
         self._create_run_prices()
+        self._create_abandoned_runs()
         for view in VIEWS:  # warehouse/views.py, in order
             if view.sql is not None:  # None: turns, partial_turns (built above)
                 self.con.execute(f"CREATE OR REPLACE VIEW {view.name} AS {view.sql}")
@@ -525,6 +526,20 @@ class WarehouseQuery:
             "SELECT DISTINCT run_id, model FROM _raw_episodes WHERE model IS NOT NULL"
         ).fetchall()
         self._arrow_view("_run_prices", run_prices(runs, models, self.prices))
+
+    def _create_abandoned_runs(self) -> None:
+        """``_abandoned_runs``: runs recorded `running` whose run lock nobody holds (their
+        process died without recording the end; warehouse/runlock.is_held). The ``runs``
+        view shows them as interrupted: a reader never waits forever on a dead run."""
+        from warehouse.runlock import abandoned
+
+        running = self.con.execute(
+            "SELECT run_id FROM _raw_runs "
+            "QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY written_at DESC) = 1 "
+            "AND status = 'running'"
+        ).fetchall()
+        gone = abandoned(self.layout, [r for (r,) in running])
+        self._arrow_view("_abandoned_runs", pa.table({"run_id": pa.array(gone, pa.string())}))
 
     def _arrow_view(self, name: str, table: pa.Table) -> None:
         """A view of an Arrow table. Not `con.register`: that imports pandas (~0.5 s of

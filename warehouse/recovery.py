@@ -13,7 +13,6 @@ Until one of them happens, the ``partial_turns`` view shows the journaled turns.
 
 from __future__ import annotations
 
-import fcntl
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,6 +22,7 @@ from typing import Literal
 from warehouse.commit import commit_episode
 from warehouse.journal import is_live, read_journal
 from warehouse.layout import Layout
+from warehouse.tempfiles import try_flock
 
 RECOVERED_DIR = "recovered"
 
@@ -76,34 +76,32 @@ def recover_journal(layout: Layout, path: Path) -> str | None:
     episode header (nothing identifies the episode; it is then deleted if empty).
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
+        with try_flock(path) as fd:
+            return None if fd is None else _commit_orphan(layout, path, fd)
     except FileNotFoundError:
         return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None
-        c = read_journal(path)
-        if c.episode is None:
-            if not c.turns:
-                path.unlink(missing_ok=True)
-            return None
-        last = max((t.started_at for t in c.turns), default=None)
-        ended = last or datetime.fromtimestamp(os.fstat(fd).st_mtime, UTC)
-        note = f"recovered from journal after the writer died: {len(c.turns)} turn(s) kept"
-        if c.problems:
-            note += f"; {len(c.problems)} unreadable line(s): {c.problems[-1]}"
-        ep = c.episode.model_copy(
-            update={"termination": "interrupted", "ended_at": ended, "error": note}
-        )
-        write_id = commit_episode(layout, ep, c.turns)
-        archive = path.parent / RECOVERED_DIR / f"{path.stem}.{write_id}.jsonl"
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, archive)
-        return write_id
-    finally:
-        os.close(fd)
+
+
+def _commit_orphan(layout: Layout, path: Path, fd: int) -> str | None:
+    """recover_journal's work, under the journal's lock (`fd`)."""
+    c = read_journal(path)
+    if c.episode is None:
+        if not c.turns:
+            path.unlink(missing_ok=True)
+        return None
+    last = max((t.started_at for t in c.turns), default=None)
+    ended = last or datetime.fromtimestamp(os.fstat(fd).st_mtime, UTC)
+    note = f"recovered from journal after the writer died: {len(c.turns)} turn(s) kept"
+    if c.problems:
+        note += f"; {len(c.problems)} unreadable line(s): {c.problems[-1]}"
+    ep = c.episode.model_copy(
+        update={"termination": "interrupted", "ended_at": ended, "error": note}
+    )
+    write_id = commit_episode(layout, ep, c.turns)
+    archive = path.parent / RECOVERED_DIR / f"{path.stem}.{write_id}.jsonl"
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, archive)
+    return write_id
 
 
 def recover_orphans(

@@ -30,8 +30,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from warehouse.layout import Layout
+from warehouse.tempfiles import try_flock
 
 LOCK_NAME = ".run.lock"
+# A reader asking whether a run is held (`is_held`) holds a shared flock for microseconds;
+# a writer starting at that instant retries this long before it calls the run taken (so a
+# refusal, or a `wait` shorter than this, takes this long).
+PROBE_GRACE_S = 1.0
+ABANDONED_NOTE = (
+    "its process ended without recording how the run ended (killed?): "
+    "resume it with the same --run-id"
+)
 
 
 class RunLocked(RuntimeError):
@@ -117,6 +126,7 @@ class RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         deadline = None if wait is True else time.monotonic() + (float(wait) if wait else 0.0)
+        grace = time.monotonic() + PROBE_GRACE_S
         told = False
         try:
             while True:
@@ -124,6 +134,10 @@ class RunLock:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline and now < grace:
+                        time.sleep(0.01)  # maybe a reader's probe (is_held): not yet a refusal
+                        continue
                     holder = read_holder(self.path)
                     if deadline is not None and time.monotonic() >= deadline:
                         raise RunLocked(self._refusal(holder, wait), holder) from None
@@ -166,6 +180,42 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def is_held(layout: Layout, run_id: str) -> bool | None:
+    """Does some process hold run `run_id`'s lock right now? None when the run has no
+    lock file (its writer takes none, or it ran elsewhere): it cannot be told.
+
+    A run recorded `running` whose lock is free was abandoned: its process died without
+    recording the end (kill -9, OOM, power), since a live run holds its lock from before
+    its record says `running` until after it says how it ended. The probe is a shared
+    flock held for microseconds: it never blocks a run, and a run starting at that
+    instant retries (PROBE_GRACE_S) instead of refusing.
+    """
+    try:
+        path = RunLock(layout, run_id).path
+    except ValueError:
+        return None
+    try:
+        with try_flock(path, shared=True) as fd:
+            return fd is None
+    except OSError:
+        return None
+
+
+def refusal(layout: Layout, run_id: str) -> RunLocked | None:
+    """What starting run `run_id` would meet now: RunLocked naming the holder, or None
+    (free, or no such lock). A probe (is_held): it never takes the lock."""
+    if is_held(layout, run_id) is not True:
+        return None
+    lock = RunLock(layout, run_id)
+    holder = read_holder(lock.path)
+    return RunLocked(lock._refusal(holder, False), holder)
+
+
+def abandoned(layout: Layout, run_ids: list[str]) -> list[str]:
+    """Of runs recorded `running`, those whose lock is free (see is_held)."""
+    return [r for r in run_ids if is_held(layout, r) is False]
 
 
 @contextlib.contextmanager

@@ -61,7 +61,16 @@ class Warehouse:
         return finish_run(self.layout, run_id, **fields)
 
     def run_info(self, run_id: str) -> dict[str, Any] | None:
-        return read_run(self.layout, run_id)
+        """The run's row as readers see it: one recorded `running` whose process died
+        (its lock free, warehouse/runlock.is_held) reads as interrupted, as in the
+        ``runs`` view."""
+        from warehouse.runlock import ABANDONED_NOTE, is_held
+
+        row = read_run(self.layout, run_id)
+        if row is not None and row.get("status") == "running" and is_held(self.layout, run_id) is False:
+            notes = "; ".join(n for n in (row.get("notes"), ABANDONED_NOTE) if n)
+            row = {**row, "status": "interrupted", "notes": notes}
+        return row
 
     # ---- the tasks a run ran (warehouse.tasksets) --------------------------------------
     def keep_tasks(self, run_id: str, tasks: Iterable[Task], *, name: str = "tasks") -> int:

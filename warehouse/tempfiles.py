@@ -114,22 +114,36 @@ def remove_dead_temps(directory: Path, *, compaction_locked: bool = False) -> li
     return removed
 
 
-def _remove_if_unlocked(path: Path) -> bool:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
+@contextlib.contextmanager
+def try_flock(path: Path, *, shared: bool = False, nofollow: bool = False) -> Iterator[int | None]:
+    """`path` opened read-only and flocked without waiting, for the block: the fd holding
+    the lock, or None when another open file holds it (a live writer). Closing the fd
+    at the end releases the lock. OSError from opening (FileNotFoundError: gone) is the
+    caller's to catch. The warehouse's one way of asking "is its writer alive?" (temp
+    files, journals, run locks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0))
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
-            return False  # its writer is alive and at work
-        try:
-            if os.stat(path).st_ino != os.fstat(fd).st_ino:
-                return False  # renamed over / replaced meanwhile: not the file we locked
-        except FileNotFoundError:
-            return False  # renamed onto its destination: finished, not ours to delete
-        path.unlink()  # under our lock: a late writer sees its name gone and starts over
-        return True
+            yield None
+            return
+        yield fd
     finally:
         os.close(fd)
+
+
+def _remove_if_unlocked(path: Path) -> bool:
+    try:
+        with try_flock(path, nofollow=True) as fd:
+            if fd is None:
+                return False  # its writer is alive and at work
+            try:
+                if os.stat(path).st_ino != os.fstat(fd).st_ino:
+                    return False  # renamed over / replaced meanwhile: not the file we locked
+            except FileNotFoundError:
+                return False  # renamed onto its destination: finished, not ours to delete
+            path.unlink()  # under our lock: a late writer sees its name gone and starts over
+            return True
+    except OSError:  # gone, a symlink, or unreadable: not a temp file of ours to remove
+        return False

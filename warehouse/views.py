@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from warehouse.cost import COST_VIEW_HELP, COST_VIEWS
 from warehouse.data_views import DATA_VIEW_HELP, DATA_VIEWS
+from warehouse.runlock import ABANDONED_NOTE
 from warehouse.series import SERIES_VIEW_HELP, SERIES_VIEWS
 
 
@@ -75,13 +76,20 @@ def _newest_batch(raw: str, labeller: str) -> str:
     """
 
 
+_NOTE = ABANDONED_NOTE.replace("'", "''")  # as a SQL string literal
+
 # The current state (re-records and re-scores resolved) and the common questions.
 BASE_VIEWS: tuple[View, ...] = (
     View(
         "runs",
-        help="one row per run: model, image, dataset hash, config (no secrets), started/ended",
-        sql="""
-        SELECT * FROM _raw_runs
+        help="one row per run: model, image, dataset hash, config (no secrets), started/ended; "
+        "a run recorded running whose process died shows as interrupted",
+        sql=f"""
+        SELECT * REPLACE (
+            CASE WHEN abandoned THEN 'interrupted' ELSE status END AS status,
+            CASE WHEN abandoned THEN concat_ws('; ', notes, '{_NOTE}') ELSE notes END
+              AS notes)
+        FROM (SELECT *, run_id IN (SELECT run_id FROM _abandoned_runs) AS abandoned FROM _raw_runs)
         QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY written_at DESC) = 1
     """,
     ),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -214,9 +213,9 @@ def register(app: typer.Typer) -> None:
         """
         from pydantic import ValidationError
 
-        from datasets_prep.task import TaskValidationError, make_task
+        from datasets_prep.task import TaskValidationError
         from engine import RunConfigError
-        from engine.single import run_single
+        from engine.single import adhoc_task, new_stamp, run_single
         from sandflow.config import load_settings
         from tasks.local_model import LocalModelError
         from tasks.prompts import domains, load_prompts
@@ -270,10 +269,8 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise _fail(str(exc)) from None
 
-        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")[:-3]
+        stamp = new_stamp()
         run_dir = output_dir / stamp
-        # An ad-hoc query has no ground truth: every other check of a task holds (names,
-        # sizes, UTF-8, no secret of the environment in the query or the files).
         plan = None
         try:
             if replay is not None:
@@ -284,11 +281,8 @@ def register(app: typer.Typer) -> None:
                                    allow_divergence=allow_divergence)  # fmt: skip
                 task = plan.task
             else:
-                task = make_task(
-                    {"id": f"adhoc-{stamp}", "domain": domain, "problem_statement": query,
-                     "ground_truth": None, "input_files": _read_inputs(input_dir)},
-                    "--query/--input-dir", adhoc=True,
-                )
+                assert query is not None  # checked above
+                task = adhoc_task(query, domain, _read_inputs(input_dir), stamp)
         except (TaskValidationError, ValueError) as exc:  # ReplayError is a ValueError
             raise _fail(str(exc)) from None
         view = LiveView(quiet)
@@ -315,13 +309,6 @@ def register(app: typer.Typer) -> None:
             raise _fail("interrupted; partial records are in " + str(run_dir), EXIT_INTERRUPTED) from None
 
         rec = done.result.record
-        answer = (rec.answer or "").replace("\n", " ")
-        answer = answer if len(answer) <= 80 else answer[:77] + "..."
-        summary = (
-            f"{rec.termination} after {rec.num_turns} turn(s) in {rec.wall_s:.1f}s "
-            f"({rec.prompt_tokens} prompt + {rec.completion_tokens} completion tokens); "
-            f"answer: {answer or '-'}; saved to {run_dir}"
-        )
         if done.replay is not None:
             typer.echo(
                 f"replayed {done.replay.calls} tool call(s) of turns < {until_turn} of {replay}: "
@@ -330,7 +317,7 @@ def register(app: typer.Typer) -> None:
             )
         if rec.error and rec.termination != "submitted":
             typer.secho(f"{rec.termination}: {rec.error}", err=True, fg=typer.colors.YELLOW)
-        typer.echo(summary)
+        typer.echo(done.summary())
         if rec.is_infra_failure:
             raise typer.Exit(EXIT_INFRA)
 

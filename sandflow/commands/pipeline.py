@@ -62,6 +62,23 @@ _PRICES = typer.Option(
     "none: cost unknown). docs/cost.md.",
 )
 
+_SAMPLES = typer.Option(1, "--samples", "-k", min=1, help="Samples per task and mode.")
+_MAX_SANDBOXES = typer.Option(
+    None, "--max-sandboxes", min=1, help="Live sandboxes at once (default: --concurrency)."
+)
+_MAX_MODEL_CALLS = typer.Option(
+    None, "--max-model-calls", min=1, help="Concurrent model calls (default: unbounded)."
+)
+_WALL_CLOCK = typer.Option(
+    DEFAULT_WALL_CLOCK_S, "--wall-clock", help="Seconds per episode, model and tools together."
+)
+_RESUME = typer.Option(
+    None, "--run-id", "-r", help="Resume this run (finished episodes are skipped), or name a new one."
+)
+_TASK_RUNNER = typer.Option("thread", "--task-runner", help="thread (one process) | dask (a cluster).")
+_DASK_ADDRESS = typer.Option(None, "--dask-address", help="tcp://host:8786 of a Dask scheduler.")
+_VERBOSE = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs.")
+
 _MAX_COST = typer.Option(
     None,
     "--max-cost",
@@ -141,7 +158,38 @@ def _run_spec(s: Any, **flags: Any) -> Any:
         "durability": s.durability,
         "prices": s.prices.public_dict(),
     }
-    return RunSpec(**{**settled, **flags})
+    return RunSpec(**{**settled, **{k: v for k, v in flags.items() if v is not None}})
+
+
+def _run_settings(
+    model: str | None, base_url: str | None, warehouse: str | None, network: str | None,
+    durability: DurabilityChoice | None, prices: str | None,
+) -> Any:  # fmt: skip
+    """The settings of `bench` and `flows run` (their shared flags over env and config)."""
+    return _settings(
+        model=model, base_url=base_url, warehouse=warehouse, network=network,
+        durability=durability_value(durability), prices=_prices(prices),
+    )  # fmt: skip
+
+
+def _step(target: str, verbose: bool, warehouse: str | None, **kwargs: Any) -> Any:
+    """One pipeline step of `sandflow flows`: the flow `target` ("module:name", imported
+    once Prefect's settings are in place) on the warehouse the settings name."""
+    import importlib
+
+    _quiet_prefect(verbose)
+    module, name = target.split(":")
+    flow_fn = getattr(importlib.import_module(module), name)
+    return _guard(flow_fn, warehouse=str(_settings(warehouse=warehouse).warehouse), **kwargs)
+
+
+def _launch(flow_fn: Any, runner: str, dask: str | None, /, **kwargs: Any) -> Any:
+    """Run `flow_fn(**kwargs)` under the progress bars, its errors and Ctrl+C reported
+    (`runner`, `dask`: --task-runner and --dask-address, for _with_prefect_api)."""
+    from sandflow.commands.progress import RichEpisodeProgress
+
+    with RichEpisodeProgress("episodes", console=_console()):
+        return _guard(_with_prefect_api(runner, dask, flow_fn), **kwargs)
 
 
 def _quiet_prefect(verbose: bool) -> None:
@@ -351,28 +399,26 @@ def _check_run_free(warehouse: str, run_id: str | None, wait: bool) -> None:
     if not run_id:
         return
     from warehouse.layout import Layout
-    from warehouse.runlock import RunLock, RunLocked, shared_lock_warning
+    from warehouse.runlock import RunLock, refusal, shared_lock_warning
 
+    layout = Layout(warehouse)
     try:
-        lock = RunLock(Layout(warehouse), run_id)
+        lock_dir = RunLock(layout, run_id).path.parent
     except ValueError:
         return  # an invalid run id: the run flow says what is wrong with it
-    if not lock.path.exists():
-        return
-    warning = shared_lock_warning(lock.path.parent)
+    warning = shared_lock_warning(lock_dir) if lock_dir.exists() else None
     if warning:
         _console().print(f"[yellow]warning:[/] {warning}")
-    try:
-        lock.acquire(wait=False, record=False)
-        lock.release()
-    except RunLocked as exc:
-        if not wait:
-            _fail(str(exc))
-        who = exc.holder.describe() if exc.holder else "another process"
-        _console().print(
-            f"[yellow]waiting:[/] run {run_id} is being run by {who}; this one starts when it "
-            "ends (Ctrl+C stops waiting)."
-        )
+    taken = refusal(layout, run_id)
+    if taken is None:
+        return
+    if not wait:
+        _fail(str(taken))
+    who = taken.holder.describe() if taken.holder else "another process"
+    _console().print(
+        f"[yellow]waiting:[/] run {run_id} is being run by {who}; this one starts when it "
+        "ends (Ctrl+C stops waiting)."
+    )
 
 
 def _sql_hints(run_id: str, warehouse: str) -> list[str]:
@@ -396,13 +442,13 @@ def bench(
         None, "--base-url", help="OpenAI-compatible endpoint (default: SANDFLOW_BASE_URL; none starts the embedded model)."
     ),
     mode: str = typer.Option("both", "--mode", help="sandbox | llm | both (the paper compares both)."),
-    samples: int = typer.Option(1, "--samples", "-k", min=1, help="Samples per task and mode."),
+    samples: int = _SAMPLES,
     concurrency: int = typer.Option(
         None, "--concurrency", "-c", min=1,
         help="Episodes at once (task runner workers; default 4, 1 with the embedded model).",
     ),
-    max_sandboxes: int = typer.Option(None, "--max-sandboxes", min=1, help="Live sandboxes at once (default: --concurrency)."),
-    max_model_calls: int = typer.Option(None, "--max-model-calls", min=1, help="Concurrent model calls (default: unbounded)."),
+    max_sandboxes: int = _MAX_SANDBOXES,
+    max_model_calls: int = _MAX_MODEL_CALLS,
     max_steps: int = typer.Option(
         None, "--max-steps", min=1,
         help=f"Turns per sandbox episode (default {DEFAULT_MAX_STEPS}; {EMBEDDED_MODEL_MAX_STEPS} with the embedded model).",
@@ -411,15 +457,13 @@ def bench(
         None, "--max-tokens", min=1,
         help="Completion tokens per call (default SANDFLOW_MAX_TOKENS or 2048; 256 with the embedded model).",
     ),
-    wall_clock_s: float = typer.Option(
-        DEFAULT_WALL_CLOCK_S, "--wall-clock", help="Seconds per episode, model and tools together."
-    ),
+    wall_clock_s: float = _WALL_CLOCK,
     network: str = network_option(),
     warehouse: str = _WAREHOUSE,
     durability: DurabilityChoice | None = durability_option(),
-    run_id: str = typer.Option(None, "--run-id", "-r", help="Resume this run (finished episodes are skipped)."),
-    task_runner: str = typer.Option("thread", "--task-runner", help="thread (one process) | dask (a cluster)."),
-    dask_address: str = typer.Option(None, "--dask-address", help="tcp://host:8786 of a Dask scheduler."),
+    run_id: str = _RESUME,
+    task_runner: str = _TASK_RUNNER,
+    dask_address: str = _DASK_ADDRESS,
     verifier: str = typer.Option(None, "--verifier", help="Score with this verifier instead of each task's own."),
     rollouts: bool = typer.Option(True, "--rollouts/--no-rollouts", help="Also export RL data."),
     series: str = typer.Option(
@@ -442,7 +486,7 @@ def bench(
     prices: str = _PRICES,
     max_cost: float = _MAX_COST,
     max_run_tokens: int = _MAX_RUN_TOKENS,
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs."),
+    verbose: bool = _VERBOSE,
 ) -> None:
     """The nightly benchmark, now: prepare -> run (both modes) -> score -> usage -> tokens
     -> rollouts -> report, as one Prefect flow in ephemeral mode (no server needed).
@@ -460,74 +504,48 @@ def bench(
     """
     _isolate_from_terminal_signals()
     _quiet_prefect(verbose)
-    s = _settings(
-        model=model, base_url=base_url, warehouse=warehouse, network=network,
-        durability=durability_value(durability), prices=_prices(prices),
-    )
-    from sandflow.commands.progress import RichEpisodeProgress
+    from analysis.nightly_report import RegressionFound
+    from engine.plan import embedded_model_defaults
+    from flows.nightly import benchmark_flow
 
-    console = _console()
+    s = _run_settings(model, base_url, warehouse, network, durability, prices)
     if task_runner not in ("thread", "dask"):
         _fail(f"--task-runner {task_runner!r}: use thread or dask")
-    # The embedded 135M model rarely submits and rambles to max_tokens, one request at a
-    # time on the CPU: keep the demo to minutes unless told otherwise (2 cores: a sandbox
-    # turn takes ~5-15 s, mostly prompt evaluation).
-    if max_steps is None:
-        max_steps = DEFAULT_MAX_STEPS if s.base_url else EMBEDDED_MODEL_MAX_STEPS
-    if concurrency is None:  # one CPU model server: interleaved episodes would thrash its prefix cache
-        concurrency = 4 if s.base_url else 1
-    if max_tokens is None:
-        explicit = "SANDFLOW_MAX_TOKENS" in os.environ or "max_tokens" in s.model_fields_set
-        max_tokens = s.max_tokens if (s.base_url or explicit) else 256
-
-    console.print(
+    told = {"max_steps": max_steps, "concurrency": concurrency, "max_tokens": max_tokens}
+    given = {k for k, v in told.items() if v is not None}
+    if "SANDFLOW_MAX_TOKENS" in os.environ or "max_tokens" in s.model_fields_set:
+        given.add("max_tokens")
+    spec = embedded_model_defaults(
+        _run_spec(
+            s, task_set=source, mode=mode, samples=samples, concurrency=concurrency,
+            max_sandboxes=max_sandboxes, max_model_calls=max_model_calls, max_steps=max_steps,
+            max_tokens=max_tokens, wall_clock_s=wall_clock_s, run_id=run_id, series=series,
+            wait_for_lock=wait, max_cost_usd=max_cost, max_run_tokens=max_run_tokens,
+        ),
+        given,
+    )  # fmt: skip
+    _console().print(
         f"[bold]sandflow bench[/] source=[cyan]{source}[/] mode={mode} samples={samples} "
-        f"concurrency={concurrency} max_steps={max_steps} model=[cyan]{s.model or '(embedded)'}[/] "
+        f"concurrency={spec.concurrency} max_steps={spec.max_steps} model=[cyan]{s.model or '(embedded)'}[/] "
         f"endpoint={s.base_url or '(embedded, started now)'} warehouse={s.warehouse}"
     )
     _check_run_free(str(s.warehouse), run_id, wait)
-    from analysis.nightly_report import RegressionFound
-    from flows.nightly import benchmark_flow
-
-    spec = _run_spec(
-        s,
-        task_set=source,
-        mode=mode,
-        samples=samples,
-        concurrency=concurrency,
-        max_sandboxes=max_sandboxes,
-        max_model_calls=max_model_calls,
-        max_steps=max_steps,
-        max_tokens=max_tokens,
-        wall_clock_s=wall_clock_s,
-        run_id=run_id,
-        series=series,
-        wait_for_lock=wait,
-        max_cost_usd=max_cost,
-        max_run_tokens=max_run_tokens,
-    )
     _budget_priced(spec)
     regression: RegressionFound | None = None
-    with RichEpisodeProgress("episodes", console=console):
-        try:
-            result = _guard(
-                _with_prefect_api(task_runner, dask_address, benchmark_flow),
-                spec=spec,
-                task_runner=task_runner,
-                dask_address=dask_address,
-                verifier=verifier,
-                judge=s.judge_endpoint() if verifier == "judge" else None,
-                rollouts=rollouts,
-                fail_on_regression=fail_on_regression,
-                alpha=alpha,
-                max_cost_increase=max_cost_increase,
-            )
-        except RegressionFound as exc:  # the report is written; say so, then exit non-zero
-            regression, result = exc, exc.summary
+    try:
+        result = _launch(
+            benchmark_flow, task_runner, dask_address, spec=spec, task_runner=task_runner,
+            dask_address=dask_address, verifier=verifier,
+            judge=s.judge_endpoint() if verifier == "judge" else None, rollouts=rollouts,
+            fail_on_regression=fail_on_regression, alpha=alpha,
+            max_cost_increase=max_cost_increase,
+        )  # fmt: skip
+    except RegressionFound as exc:  # the report is written; say so, then exit non-zero
+        regression, result = exc, exc.summary
     _print_bench(result, str(s.warehouse))
     _exit_if_budget_spent(result["run"])
     if regression is not None:
-        console.print(f"[bold red]regression:[/] {regression}", highlight=False)
+        _console().print(f"[bold red]regression:[/] {regression}", highlight=False)
         raise typer.Exit(REGRESSION_EXIT)
 
 
@@ -567,8 +585,6 @@ def _print_bench(result: dict[str, Any], warehouse: str) -> None:
     console = _console()
     run = result["run"]
     rid = run["run_id"]
-    from analysis import metrics
-
     console.print(
         f"\n[bold green]run {rid}[/]: {run['succeeded']} episodes recorded, {run['failed']} failed, "
         f"{run['skipped']} skipped (done before), {run['elapsed_s']:.1f}s, "
@@ -577,17 +593,11 @@ def _print_bench(result: dict[str, Any], warehouse: str) -> None:
     for f in run.get("failures", [])[:5]:
         console.print(f"  [red]failed[/] {escape(f)}", soft_wrap=True, highlight=False)
     _exit_if_all_failed(run)
-    # Accuracy is read back from the report's data so the terminal shows the same numbers.
-    from analysis.report import ReportData
-    from warehouse import Warehouse
-
-    data = Warehouse(warehouse).load_run(rid)
-    rd = ReportData.from_run(data)
-    console.print(_table(rd.accuracy, "Accuracy (%) by domain x mode"))
-    console.print(_table([r for r in rd.usage if r["domain"] == metrics.ALL], "Capability usage (% of sandbox turns)"))
-    ratio = rd.ratio.get(metrics.ALL)
-    if ratio is not None:
-        console.print(f"sandbox/LLM tokens per task: [bold]{ratio:.2f}x[/]")
+    report = result["report"]  # the report's own numbers (flows/report.py)
+    console.print(_table(report["accuracy"], "Accuracy (%) by domain x mode"))
+    console.print(_table(report["usage"], "Capability usage (% of sandbox turns)"))
+    if report["token_ratio"] is not None:
+        console.print(f"sandbox/LLM tokens per task: [bold]{report['token_ratio']:.2f}x[/]")
     if "rollouts" in result:
         r = result["rollouts"]
         console.print(f"RL data: [cyan]{r['out_dir']}[/] ({r['exported']} trajectories, {r['token_rows']} token rows)")
@@ -612,16 +622,11 @@ def cmd_prepare(
         "(as `sandflow tasks prepare --mapping`).",
     ),
     warehouse: str = _WAREHOUSE,
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = _VERBOSE,
 ) -> None:
     """A source -> a task-set file (named by its content hash)."""
-    _quiet_prefect(verbose)
-    from flows.prepare import prepare_flow
-
-    s = _settings(warehouse=warehouse)
-    r = _guard(
-        prepare_flow, source=source, warehouse=str(s.warehouse), out=out, limit=limit, seed=seed, mapping=mapping
-    )
+    r = _step("flows.prepare:prepare_flow", verbose, warehouse, source=source, out=out, limit=limit,
+              seed=seed, mapping=mapping)  # fmt: skip
     c = _console()
     c.print(f"[green]{r['tasks']} tasks[/] -> {r['task_set']} (hash {short(c, r['hash'], 12)})")
 
@@ -632,19 +637,19 @@ def cmd_run(
     model: str = typer.Option(None, "--model", "-m", help="Model name (default: SANDFLOW_MODEL)."),
     base_url: str = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint; none: the embedded model."),
     mode: str = typer.Option("both", "--mode", help="sandbox | llm | both."),
-    samples: int = typer.Option(1, "--samples", "-k", min=1),
+    samples: int = _SAMPLES,
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1),
-    max_sandboxes: int = typer.Option(None, "--max-sandboxes", min=1),
-    max_model_calls: int = typer.Option(None, "--max-model-calls", min=1),
+    max_sandboxes: int = _MAX_SANDBOXES,
+    max_model_calls: int = _MAX_MODEL_CALLS,
     max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1),
-    wall_clock_s: float = typer.Option(DEFAULT_WALL_CLOCK_S, "--wall-clock"),
+    wall_clock_s: float = _WALL_CLOCK,
     network: str = network_option(),
     retries: int = typer.Option(2, "--retries", min=0, help="Retries of an episode after an infrastructure failure."),
     warehouse: str = _WAREHOUSE,
     durability: DurabilityChoice | None = durability_option(),
-    run_id: str = typer.Option(None, "--run-id", "-r", help="Resume this run id (or name a new one)."),
-    task_runner: str = typer.Option("thread", "--task-runner", help="thread | dask"),
-    dask_address: str = typer.Option(None, "--dask-address", help="tcp://host:8786"),
+    run_id: str = _RESUME,
+    task_runner: str = _TASK_RUNNER,
+    dask_address: str = _DASK_ADDRESS,
     logprobs: bool = typer.Option(False, "--logprobs", help="Record completion logprobs (RL)."),
     token_ids: bool = typer.Option(False, "--token-ids", help="Record exact token ids (vLLM; RL)."),
     compact: bool = typer.Option(
@@ -654,7 +659,7 @@ def cmd_run(
     prices: str = _PRICES,
     max_cost: float = _MAX_COST,
     max_run_tokens: int = _MAX_RUN_TOKENS,
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = _VERBOSE,
 ) -> None:
     """Run episodes (resumable): a task set x a model x mode x samples.
 
@@ -664,39 +669,19 @@ def cmd_run(
     _isolate_from_terminal_signals()
     _quiet_prefect(verbose)
     from flows.run import run_flow
-    from sandflow.commands.progress import RichEpisodeProgress
 
-    s = _settings(
-        model=model, base_url=base_url, warehouse=warehouse, network=network,
-        durability=durability_value(durability), prices=_prices(prices),
-    )
+    s = _run_settings(model, base_url, warehouse, network, durability, prices)
     _check_run_free(str(s.warehouse), run_id, wait)
     spec = _run_spec(
-        s,
-        task_set=task_set,
-        mode=mode,
-        samples=samples,
-        concurrency=concurrency,
-        max_sandboxes=max_sandboxes,
-        max_model_calls=max_model_calls,
-        max_steps=max_steps,
-        wall_clock_s=wall_clock_s,
-        run_id=run_id,
-        retries=retries,
-        logprobs=logprobs,
-        return_token_ids=token_ids,
-        compact=compact,
-        wait_for_lock=wait,
-        max_cost_usd=max_cost,
+        s, task_set=task_set, mode=mode, samples=samples, concurrency=concurrency,
+        max_sandboxes=max_sandboxes, max_model_calls=max_model_calls, max_steps=max_steps,
+        wall_clock_s=wall_clock_s, run_id=run_id, retries=retries, logprobs=logprobs,
+        return_token_ids=token_ids, compact=compact, wait_for_lock=wait, max_cost_usd=max_cost,
         max_run_tokens=max_run_tokens,
-    )
+    )  # fmt: skip
     _budget_priced(spec)
     runner = _runner(task_runner, concurrency, dask_address)
-    with RichEpisodeProgress("episodes", console=_console()):
-        r = _guard(
-            _with_prefect_api(task_runner, dask_address, run_flow.with_options(task_runner=runner)),
-            spec=spec,
-        )
+    r = _launch(run_flow.with_options(task_runner=runner), task_runner, dask_address, spec=spec)
     c = _console()
     c.print(
         f"[bold green]{r['run_id']}[/]: {r['succeeded']} recorded, {r['failed']} failed, {r['skipped']} skipped; "
@@ -718,21 +703,12 @@ def cmd_score(
     task_set: str = typer.Option(None, "--task-set", help="Default: the set the run recorded."),
     verifier: str = typer.Option(None, "--verifier", help="Re-score with this verifier (stored beside others)."),
     warehouse: str = _WAREHOUSE,
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = _VERBOSE,
 ) -> None:
     """Score a run's recorded answers (no episode is re-run)."""
-    _quiet_prefect(verbose)
-    from flows.score import score_flow
-
-    s = _settings(warehouse=warehouse)
-    r = _guard(
-        score_flow,
-        run_id=run_id,
-        warehouse=str(s.warehouse),
-        task_set=task_set,
-        verifier=verifier,
-        judge=s.judge_endpoint() if verifier == "judge" else None,
-    )
+    judge = _settings(warehouse=warehouse).judge_endpoint() if verifier == "judge" else None
+    r = _step("flows.score:score_flow", verbose, warehouse, run_id=run_id, task_set=task_set,
+              verifier=verifier, judge=judge)  # fmt: skip
     mean = "—" if r["mean_score"] is None else f"{r['mean_score']:.3f}"
     _console().print(f"scored {r['scored']} episodes of {run_id} ({r['verifier']}): mean {mean}")
     for p in r["problems"]:
@@ -744,7 +720,7 @@ def cmd_usage(
     run_id: str = typer.Option(None, "--run-id", "-r", help="The run to label."),
     rules: bool = typer.Option(False, "--rules", help="Print the labelling rules table and exit."),
     warehouse: str = _WAREHOUSE,
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = _VERBOSE,
 ) -> None:
     """Label each turn computation / file management / external resource / none; print rates."""
     if rules:
@@ -754,22 +730,14 @@ def cmd_usage(
         return
     if not run_id:
         _fail("--run-id is required (or --rules to print the rules)")
-    _quiet_prefect(verbose)
-    from flows.usage import usage_flow
-
-    s = _settings(warehouse=warehouse)
-    r = _guard(usage_flow, run_id=run_id, warehouse=str(s.warehouse))
+    r = _step("flows.usage:usage_flow", verbose, warehouse, run_id=run_id)
     _console().print(_table(r["rates"], f"Capability usage of {run_id} (% of sandbox turns)"))
 
 
 @flows_app.command("tokens")
-def cmd_tokens(run_id: str = _RUN_ID, warehouse: str = _WAREHOUSE, verbose: bool = typer.Option(False, "--verbose", "-v")) -> None:
+def cmd_tokens(run_id: str = _RUN_ID, warehouse: str = _WAREHOUSE, verbose: bool = _VERBOSE) -> None:
     """Tokens per episode by domain x mode, and the sandbox/LLM ratio."""
-    _quiet_prefect(verbose)
-    from flows.tokens import tokens_flow
-
-    s = _settings(warehouse=warehouse)
-    r = _guard(tokens_flow, run_id=run_id, warehouse=str(s.warehouse))
+    r = _step("flows.tokens:tokens_flow", verbose, warehouse, run_id=run_id)
     _console().print(_table(r["summary"], f"Tokens of {run_id} (mean per episode)"))
 
 
@@ -782,23 +750,11 @@ def cmd_rollouts(
     overlong: str = typer.Option("drop", "--overlong", help="drop | mask (loss mask zeroed) | keep (flag only)."),
     verifier: str = typer.Option(None, "--verifier", help="Rewards from this verifier's scores."),
     warehouse: str = _WAREHOUSE,
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = _VERBOSE,
 ) -> None:
     """Export RL data: verl task rows, chat trajectories with advantages, token rows."""
-    _quiet_prefect(verbose)
-    from flows.rollouts import rollouts_flow
-
-    s = _settings(warehouse=warehouse)
-    r = _guard(
-        rollouts_flow,
-        run_id=run_id,
-        warehouse=str(s.warehouse),
-        out_dir=out_dir,
-        task_set=task_set,
-        max_seq_tokens=max_seq_tokens,
-        overlong=overlong,
-        verifier=verifier,
-    )
+    r = _step("flows.rollouts:rollouts_flow", verbose, warehouse, run_id=run_id, out_dir=out_dir,
+              task_set=task_set, max_seq_tokens=max_seq_tokens, overlong=overlong, verifier=verifier)  # fmt: skip
     _console().print_json(json.dumps(r, default=str))
 
 
@@ -807,20 +763,15 @@ def cmd_report(
     run_id: str = _RUN_ID,
     out_dir: str = typer.Option(None, "--out", "-o", help="Default: <warehouse>/reports/<run_id>."),
     warehouse: str = _WAREHOUSE,
-    verbose: bool = typer.Option(False, "--verbose", "-v"),
+    verbose: bool = _VERBOSE,
     viewer_url: str = typer.Option(
         "http://127.0.0.1:8765", "--viewer-url", envvar="SANDFLOW_VIEWER_URL",
         help="Base URL of `sandflow view`: the tables link to their episodes there ('' for none).",
     ),
 ) -> None:  # fmt: skip
     """Write report.html (self-contained, plots inline) and report.md; publish artifacts."""
-    _quiet_prefect(verbose)
-    from flows.report import report_flow
-
-    s = _settings(warehouse=warehouse)
-    r = _guard(
-        report_flow, run_id=run_id, warehouse=str(s.warehouse), out_dir=out_dir, viewer_url=viewer_url
-    )
+    r = _step("flows.report:report_flow", verbose, warehouse, run_id=run_id, out_dir=out_dir,
+              viewer_url=viewer_url)  # fmt: skip
     _console().print(f"report: [cyan]{r['html']}[/]\nmarkdown: {r['markdown']}")
 
 

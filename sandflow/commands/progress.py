@@ -230,13 +230,10 @@ class RichEpisodeProgress:
         )
         self._description = description
         self._task: Any = None
-        self._running: set[str] = set()
-        self._failed = 0
-        self._retries = 0
-        self._lock = threading.Lock()
+        self.tally = EpisodeTally()
+        self._lock = threading.Lock()  # one event at a time: the bar never goes back
         self._unsub: Callable[[], None] | None = None
         self._t0: float | None = None
-        self._done = 0
 
     def __enter__(self) -> RichEpisodeProgress:
         if self._lines is not None:
@@ -261,41 +258,30 @@ class RichEpisodeProgress:
             return
         if self._unsub:
             self._unsub()
-        if exc_type is not None and self._done == 0 and self._task is not None:
+        if exc_type is not None and self.tally.done == 0 and self._task is not None:
             # failed before any episode ended (a bad endpoint, a bad task set): the error
             # message is the whole story; an empty bar under it would only confuse
             self._progress.remove_task(self._task)
         self._progress.stop()
 
     def _on_event(self, kind: str, data: dict[str, Any]) -> None:
+        t = self.tally
         with self._lock:
+            before = t.run_id
+            t.apply(kind, data)  # the counting is EpisodeTally's; this only draws
             if kind == "planned":
-                if getattr(self, "_run_id", None) not in (None, data.get("run_id")):
-                    # another run in the same display: its counts start from zero
-                    self._running.clear()
-                    self._done = self._failed = self._retries = 0
-                    self._progress.reset(self._task)
-                self._run_id = data.get("run_id")
+                if before not in (None, t.run_id):
+                    self._progress.reset(self._task)  # another run in the same display
                 desc = f"{self._description} [dim]{data['run_id']}[/]"
                 if data.get("skipped"):
                     desc += f" [dim](resumed: {data['skipped']} done before)[/]"
                 self._progress.update(self._task, total=data["total"], description=desc)
-            elif kind == "started":
-                self._running.add(data["key"])
-            elif kind == "attempt_failed":
-                self._retries += 1
-                self._running.discard(data["key"])
-            elif kind == "finished":
-                self._running.discard(data["key"])
-                self._done += 1
-                if not data.get("ok"):
-                    self._failed += 1
-                self._progress.advance(self._task)
             elapsed = max(1e-9, time.monotonic() - (self._t0 or time.monotonic()))
             self._progress.update(
                 self._task,
-                running=len(self._running),
-                failed=self._failed,
-                retries=self._retries,
-                rate=f"{self._done / elapsed:.2f}",
+                completed=t.done,
+                running=len(t.running),
+                failed=t.failed,
+                retries=t.retries,
+                rate=f"{t.done / elapsed:.2f}",
             )

@@ -52,6 +52,16 @@ def _total(page: list[dict[str, Any]]) -> int:
     return int(page[0]["total"]) if page else 0
 
 
+def _attach(rows: list[dict[str, Any]], key: str, extra: list[dict[str, Any]], field: str) -> None:
+    """Give each row of a page the `extra` rows of its `key`, as the list `field` (one
+    query for the whole page, not one per row)."""
+    by_key: dict[Any, list[dict[str, Any]]] = {}
+    for x in extra:
+        by_key.setdefault(x[key], []).append(x)
+    for r in rows:
+        r[field] = by_key.get(r[key], [])
+
+
 @dataclass
 class EpisodeFilter:
     """The run page's filters (all optional); `from_query` ignores unknown values."""
@@ -189,12 +199,9 @@ def runs(
             """,
             [*ids, *ids],
         )
-        by_run: dict[str, list[dict[str, Any]]] = {}
-        for a in acc.rows:
-            by_run.setdefault(a["run_id"], []).append(a)
+        _attach(rows, "run_id", acc.rows, "accuracy")
         costs = {c["run_id"]: c for c in run_costs(lw, ids)}
         for r in rows:
-            r["accuracy"] = by_run.get(r["run_id"], [])
             r["cost"] = costs.get(r["run_id"])
     return rows, total
 
@@ -311,11 +318,7 @@ def episodes(
             """,
             [run_id, *ids],
         )
-        by_ep: dict[str, list[dict[str, Any]]] = {}
-        for c in caps.rows:
-            by_ep.setdefault(c["episode_id"], []).append(c)
-        for r in rows:
-            r["usage"] = by_ep.get(r["episode_id"], [])
+        _attach(rows, "episode_id", caps.rows, "usage")
     elif page > 0:
         total = episodes(lw, run_id, flt, 0)[1]
     return rows, total

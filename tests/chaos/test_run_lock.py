@@ -6,8 +6,9 @@ scripted model over HTTP, the warehouse on disk:
 - a second process on a running run id is refused, naming the run and the holder (pid,
   host, start time), through the CLI and through the Python API; with --wait it starts
   when the first ends, and then finds nothing left to do. Every episode ran once.
-- kill -9 of a run: its lock is free at once (a kernel flock), the same run id resumes
-  right away, and Prefect's ephemeral server it started is gone within seconds.
+- kill -9 of a run: its lock is free at once (a kernel flock), readers show the run
+  interrupted (not `running` forever), the same run id resumes right away, and Prefect's
+  ephemeral server it started is gone within seconds.
 """
 
 from __future__ import annotations
@@ -144,6 +145,10 @@ def test_kill9_frees_the_run_and_its_prefect_server(
 
         os.kill(run.proc.pid, signal.SIGKILL)  # the run's process only, as the OOM killer does
         run.proc.wait(timeout=30)
+        # its record still says running; readers see the free lock and say interrupted
+        assert query(wh, f"SELECT status, abandoned FROM runs WHERE run_id = '{rid}'") == [
+            ("interrupted", True)
+        ]
         wait_for(
             lambda: not _servers_of(cli_prefect_home), 30, "the killed run's Prefect server to exit"
         )

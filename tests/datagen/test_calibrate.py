@@ -1,5 +1,6 @@
 """Calibrate and export with real episodes: the base policy (a scripted model over HTTP)
-runs k=2 samples per candidate in real Docker sandboxes, the verifiers score them, tasks
+runs k=2 samples per candidate in real Docker sandboxes through the run engine as a
+library (datagen.calibrate.engine_policy: no Prefect), the verifiers score them, tasks
 outside the band are dropped by reason, and the SFT set holds the passing trajectories."""
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from datagen.build import Build
-from datagen.calibrate import Band
+from datagen.calibrate import Band, engine_policy
 from datasets_prep.io import read_taskset
-from flows.data import base_policy
 from tasks.model import ModelConfig
 from tasks.spec import RunSpec
 from tests.conftest import TEST_RUN_PREFIX
@@ -50,7 +50,7 @@ def make_policy():
 
 
 @pytest.mark.docker
-@pytest.mark.usefixtures("prefect_harness", "sandbox_image")
+@pytest.mark.usefixtures("sandbox_image")
 def test_calibration_keeps_the_band_and_export_writes_rows_sft_and_card(tmp_path, corpus):  # noqa: F811
     wh = tmp_path / "wh"
     b = Build(tmp_path / "out", warehouse=wh, build_id=f"{TEST_RUN_PREFIX}data-cal")
@@ -62,14 +62,14 @@ def test_calibration_keeps_the_band_and_export_writes_rows_sft_and_card(tmp_path
     with ScriptedModel(default=make_policy(), models=("policy",)) as pol:
         spec = RunSpec(model="policy", base_url=pol.url, warehouse=str(wh), concurrency=1, max_steps=4,
                        wall_clock_s=120)
-        cal = b.calibrate(base_policy(spec), samples=2, band=Band(), policy_model="policy")
+        cal = b.calibrate(engine_policy(spec, wh), samples=2, band=Band(), policy_model="policy")
         assert (cal.items_in, cal.items_out) == (5, 2)
         assert cal.dropped == {"all_pass": 1, "all_fail": 2}
         episodes = len([r for r in pol.requests if not any(m["role"] == "assistant" for m in r["messages"])])
         assert episodes == 10
         # the same stage again: reused, no episode
         n = len(pol.requests)
-        assert b.calibrate(base_policy(spec), samples=2, policy_model="policy").reused
+        assert b.calibrate(engine_policy(spec, wh), samples=2, policy_model="policy").reused
         assert len(pol.requests) == n
 
     kept = read_taskset(b.path("calibrated.parquet"))

@@ -30,6 +30,7 @@ def _base(gen, tmp_path):
 def test_bad_input_is_one_sentence_exit_2_before_any_model_call(tmp_path, gen, corpus):  # noqa: F811
     (tmp_path / "a.docx").write_bytes(b"PK")
     (tmp_path / "file").write_text("x")
+    (tmp_path / "bad.yaml").write_text("name: t\nsystem: [unclosed\n")
     cases = [
         (["data", "build", str(tmp_path / "nope"), *_base(gen, tmp_path)], "does not exist"),
         (["data", "build", str(tmp_path / "a.docx"), *_base(gen, tmp_path)], "is a .docx file"),
@@ -40,6 +41,9 @@ def test_bad_input_is_one_sentence_exit_2_before_any_model_call(tmp_path, gen, c
          "--decontaminate 'no-such-suite'"),
         (["data", "build", str(corpus), *_base(gen, tmp_path), "--template", str(tmp_path / "t.yaml")],
          "prompt template"),
+        (["data", "build", str(corpus), *_base(gen, tmp_path), "--template", str(tmp_path / "bad.yaml")],
+         f"prompt template {str(tmp_path / 'bad.yaml')!r} is not valid YAML: expected ',' or ']', but got "
+         "'<stream end>' at line 3, column 1"),
         (["data", "build", str(corpus), *_base(gen, tmp_path), "--piece-tokens", "3"], "--piece-tokens 3"),
         (["data", "ingest", str(corpus), "--out", str(tmp_path / "file")], "is a file"),
         (["data", "synth", *_base(gen, tmp_path / "fresh")], "run the ingest stage first"),

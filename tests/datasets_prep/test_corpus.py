@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +62,60 @@ def test_a_jsonl_table_with_a_text_column(tmp_path):
     assert reasons_count(res.rejected) == {"empty": 2, "binary": 1}
     with pytest.raises(CorpusError, match="no column 'content'"):
         ingest(str(path), text_column="content")
+
+
+def test_a_malformed_jsonl_line_is_a_counted_row_naming_its_line_and_the_rest_is_read(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(json.dumps({"text": PARIS}) + "\n\n" + '{"text": "cut off\n' + "[1, 2]\n"
+                    + json.dumps({"text": BEES}) + "\n")
+    res = ingest(str(path))
+    assert [d.source for d in res.documents] == ["corpus.jsonl#row0", "corpus.jsonl#row3"]
+    why = {r.source: (r.reason, r.detail) for r in res.rejected}
+    assert why == {
+        "corpus.jsonl#row1": ("malformed_row", "line 3: invalid JSON (Unterminated string starting at at column 10)"),
+        "corpus.jsonl#row2": ("malformed_row", "line 4: a JSON list, not an object"),
+    }
+    assert res.seen == 4  # in = out + dropped: nothing lost
+
+
+def test_an_unreadable_document_is_counted_naming_it(tmp_path):
+    """A file (and a folder) the reader may not read: `unreadable`, the others read. As
+    root every file is readable, so the ingest runs in a child as an unprivileged user."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="sandflow-unreadable-"))
+    try:
+        root.chmod(0o755)
+        (root / "ok.txt").write_text(PARIS + "\n")
+        (root / "secret.txt").write_text(BEES + "\n")
+        (root / "secret.txt").chmod(0o000)
+        (root / "locked").mkdir()
+        (root / "locked" / "inner.txt").write_text("x\n")
+        (root / "locked").chmod(0o000)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: drop root, ingest, report through the pipe
+            try:
+                if os.geteuid() == 0:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                r = ingest(str(root))
+                os.write(write, json.dumps([[d.source for d in r.documents],
+                                            [[x.source, x.reason, x.detail] for x in r.rejected]]).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as f:
+            report = f.read()
+        os.waitpid(pid, 0)
+        docs, rejected = json.loads(report)
+    finally:
+        for p in (root / "locked", root / "secret.txt"):
+            p.chmod(0o700)
+        shutil.rmtree(root)
+    assert docs == ["ok.txt"]
+    assert [(s, r) for s, r, _ in rejected] == [("secret.txt", "unreadable"), ("locked", "unreadable")]
+    assert "secret.txt" in rejected[0][2] and "Permission denied" in rejected[0][2]
 
 
 def test_a_corpus_that_cannot_work_is_one_sentence(tmp_path):

@@ -216,3 +216,20 @@ def test_bad_parameters_are_one_sentence_before_any_work(tmp_path: Path) -> None
         with pytest.raises(engine.RunConfigError, match="does not serve model 'nope'"):
             engine.run(tiny_tasks(1), spec(model, tmp_path / "wh", model="nope"))
         assert model.requests == []
+
+
+def test_the_embedded_models_defaults_fill_only_what_the_caller_was_not_told() -> None:
+    """`bench` without an endpoint keeps its demo short, in the library (not the command):
+    4 steps, one episode at a time, 256 tokens; what the user said wins; an endpoint
+    changes nothing."""
+    from engine.plan import embedded_model_defaults
+    from tasks.defaults import DEFAULT_MAX_STEPS, EMBEDDED_MODEL_MAX_STEPS
+
+    spec = RunSpec(task_set="smoke")
+    short = embedded_model_defaults(spec, told=())
+    assert (short.max_steps, short.concurrency, short.max_tokens) == (EMBEDDED_MODEL_MAX_STEPS, 1, 256)
+    told = embedded_model_defaults(RunSpec(task_set="smoke", max_steps=9, max_tokens=700), {"max_steps", "max_tokens"})
+    assert (told.max_steps, told.concurrency, told.max_tokens) == (9, 1, 700)
+    remote = RunSpec(task_set="smoke", base_url="http://127.0.0.1:9/v1")
+    assert embedded_model_defaults(remote, told=()) == remote
+    assert remote.max_steps == DEFAULT_MAX_STEPS and remote.concurrency == 4

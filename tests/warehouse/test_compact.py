@@ -189,10 +189,11 @@ def test_a_run_whose_only_turns_are_superseded_compacts(tmp_path: Path) -> None:
         assert q.rows("SELECT count(*) FROM _raw_turns") == [(0,)]
 
 
-def _rerecord_while(wh: Warehouse, seconds: float, work: Callable[[], None]) -> list[str]:
+def _rerecord_while(wh: Warehouse, work: Callable[[], None], *, writes: int, works: int) -> list[str]:
     """Re-record episode t0 every few milliseconds (answers of different lengths: files
-    of different sizes under one name) while `work` runs in this thread; the answers
-    written, in order."""
+    of different sizes under one name) while `work` runs in this thread, until there were
+    at least `writes` re-records and `works` calls of `work` (however long a loaded machine
+    takes); the answers written, in order."""
     stop = threading.Event()
     written: list[str] = []
 
@@ -209,13 +210,16 @@ def _rerecord_while(wh: Warehouse, seconds: float, work: Callable[[], None]) -> 
 
     t = threading.Thread(target=writer)
     t.start()
-    deadline = time.monotonic() + seconds
+    done = 0
+    deadline = time.monotonic() + 600  # a bound for a hung writer, not a timing
     try:
-        while time.monotonic() < deadline:
+        while (len(written) < writes or done < works) and time.monotonic() < deadline:
             work()
+            done += 1
     finally:
         stop.set()
         t.join()
+    assert len(written) >= writes and done >= works, (len(written), done)
     return written
 
 
@@ -236,8 +240,7 @@ def test_a_reader_never_fails_while_an_episode_file_is_renamed_over(tmp_path: Pa
             ((n,),) = q.rows(f"SELECT count(*) FROM turns WHERE episode_id = '{eid}'")
             seen.append((answer, num_turns, n))
 
-    written = _rerecord_while(wh, 4.0, read)
-    assert len(written) > 100 and len(seen) > 20, (len(written), len(seen))
+    written = _rerecord_while(wh, read, writes=150, works=40)
     for answer, num_turns, n in seen:
         assert answer == "42" or answer in written
         assert n == num_turns, "the episode's own turns, from the same version"
@@ -249,7 +252,7 @@ def test_a_rerecord_during_compaction_is_never_hidden(tmp_path: Path) -> None:
     wh = Warehouse(tmp_path)
     _fill(wh, "r1", 8)
     eid = make_episode("r1", "t0")[0].episode_id
-    written = _rerecord_while(wh, 3.0, lambda: wh.compact("r1"))
+    written = _rerecord_while(wh, lambda: wh.compact("r1"), writes=100, works=20)
     with wh.query(run_id="r1") as q:
         assert q.rows(f"SELECT answer FROM episodes WHERE episode_id = '{eid}'") == [
             (written[-1],)

@@ -85,3 +85,30 @@ def test_a_branchs_inherited_turns_are_paid_once(tmp_path: Path) -> None:
         assert rows == [(0, True, False), (1, True, False), (2, False, True)]
         ((p_usd,), (c_usd,)) = q.rows("SELECT cost_usd FROM episode_cost ORDER BY sample_index")
         assert (p_usd, c_usd) == pytest.approx((435e-6, 155e-6))  # the child: its turn 2 only
+
+
+def test_the_budgets_sql_sums_price_to_the_per_turn_costs(tmp_path: Path) -> None:
+    # engine/budget.py counts a run's spend from warehouse.cost.token_sums (one aggregate):
+    # Price.cost of the sums must equal the sum of the turns' costs, per-turn clamps and a
+    # turn without usage included.
+    from tasks.records import Usage
+    from warehouse.cost import token_sums
+
+    root = _wh(tmp_path, "r9", PRICES)
+    ep, turns = make_episode("r9", "t1", turns=4)
+    turns[1] = turns[1].model_copy(  # more cached than prompt: clamped per turn
+        update={"usage": turns[1].usage.model_copy(update={"cached_tokens": 10_000})}
+    )
+    turns[2] = turns[2].model_copy(update={"usage": Usage()})  # the server reported none
+    with Warehouse(root).writer() as w:
+        record(w, ep, turns)
+    price = load_prices(PRICES).lookup("scripted-model", None)
+    assert price is not None
+    with connect(root) as q:
+        tokens, prompt, completion, cached, reasoning = token_sums(q, "r9")
+        (per_turn,) = q.rows("SELECT sum(cost_usd) FROM turn_cost WHERE run_id = 'r9'")[0]
+        (all_tokens,) = q.rows(
+            "SELECT sum(coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0)) FROM turns"
+        )[0]
+    assert tokens == all_tokens and cached <= prompt
+    assert price.cost(prompt, completion, cached, reasoning) == pytest.approx(per_turn)

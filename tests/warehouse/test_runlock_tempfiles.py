@@ -88,6 +88,107 @@ def test_a_probe_leaves_the_last_holders_name(tmp_path: Path) -> None:
     assert holder is not None and holder.pid == os.getpid()
 
 
+_RUNNING = """
+import sys, time
+from warehouse import Warehouse
+wh = Warehouse(sys.argv[1])
+lock = wh.hold_run("r1")
+lock.__enter__()
+wh.write_run("r1", model="m", status="running")  # as engine.run: under the lock
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def _runs_row(root: Path) -> tuple[str, bool, str | None]:
+    from warehouse.query import connect
+
+    with connect(root) as q:
+        rows = q.rows("SELECT status, abandoned, notes FROM runs WHERE run_id = 'r1'")
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_a_run_killed_with_kill9_reads_as_interrupted_and_resumes(tmp_path: Path) -> None:
+    """Its record says `running` forever (the process never wrote its end); readers (the
+    runs view: `sandflow sql`, the viewer, reports; Warehouse.run_info) see its lock free
+    and show it interrupted. A live run is never shown so; resuming takes the run again."""
+    from warehouse import Warehouse
+    from warehouse.runlock import ABANDONED_NOTE, is_held
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RUNNING, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        wh = Warehouse(tmp_path)
+        assert is_held(wh.layout, "r1") is True
+        assert _runs_row(tmp_path) == ("running", False, None)
+        assert (wh.run_info("r1") or {})["status"] == "running"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert is_held(wh.layout, "r1") is False
+        status, abandoned, notes = _runs_row(tmp_path)
+        assert (status, abandoned) == ("interrupted", True) and notes == ABANDONED_NOTE
+        info = wh.run_info("r1") or {}
+        assert info["status"] == "interrupted" and ABANDONED_NOTE in info["notes"]
+        # the stored row is untouched: only readers say interrupted
+        from warehouse.runs import read_run
+
+        assert (read_run(wh.layout, "r1") or {})["status"] == "running"
+        with wh.hold_run("r1"):  # resume: the lock is free, the run is live again
+            wh.write_run("r1", model="m", status="running")
+            assert _runs_row(tmp_path) == ("running", False, None)
+            wh.finish_run("r1", status="finished")
+        assert _runs_row(tmp_path)[:2] == ("finished", False)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_run_without_a_lock_file_is_not_called_abandoned(tmp_path: Path) -> None:
+    """A writer that takes no run lock (an older sandflow): nothing can be told, so its
+    `running` stands."""
+    from warehouse import Warehouse
+
+    Warehouse(tmp_path).write_run("r1", model="m", status="running")
+    assert _runs_row(tmp_path) == ("running", False, None)
+
+
+def test_readers_probing_a_run_never_make_its_start_refused(tmp_path: Path) -> None:
+    """is_held holds a shared flock for microseconds; a run starting at that instant
+    retries (PROBE_GRACE_S) instead of refusing."""
+    import threading
+
+    from warehouse.runlock import is_held
+
+    layout = Layout(tmp_path)
+    lock = RunLock(layout, "r1")
+    lock.acquire()
+    lock.release()
+    stop = threading.Event()
+    probes = [0]
+
+    def probe() -> None:
+        while not stop.is_set():
+            is_held(layout, "r1")
+            probes[0] += 1
+
+    readers = [threading.Thread(target=probe) for _ in range(2)]
+    for t in readers:
+        t.start()
+    try:
+        for _ in range(200):
+            lock.acquire()  # wait=False: refuses only a real holder
+            lock.release()
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
+    assert probes[0] > 200, "the readers hardly probed: the test could not fail"
+
+
 def test_a_cleaner_never_removes_a_temp_file_being_written(tmp_path: Path) -> None:
     dest = tmp_path / "x.parquet"
     with locked_temp(dest) as (tmp, fh):
