@@ -9,6 +9,7 @@ group's advantages over every leaf and each branch point's advantages among sibl
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from pathlib import Path
@@ -110,15 +111,20 @@ def test_grow_in_pooled_sandboxes_with_the_episodes_own_model() -> None:
     are leases from the warm pool (PooledSandbox.fork), opened while the root runs on."""
     from rl.tree import BranchSpec, grow
     from sandbox.base import SandboxConfig, SandboxLimits
+    from sandbox.pool import pool_for
     from tasks.loop import Limits, SteppedEpisode
     from tasks.model import ModelConfig
     from tests.rl.conftest import math_task
 
     digits = itertools.cycle(["2", "1"])
-    with ScriptedModel(default=branching_policy(digits)) as model:
+    # a pool of its own (its key: the limits), closed at the end: no other test gets its sandboxes
+    cfg = SandboxConfig(reuse="pool", limits=SandboxLimits(network="none", memory_mb=448))
+    with ScriptedModel(default=branching_policy(digits)) as model, contextlib.closing(
+        pool_for(cfg)
+    ):
         root = SteppedEpisode(
             math_task(),
-            SandboxConfig(reuse="pool", limits=SandboxLimits(network="none", memory_mb=512)),
+            cfg,
             model_cfg=ModelConfig(model="scripted", base_url=model.url, max_retries=0),
             run_id=new_run_id("grow"),
             limits=Limits(max_steps=5, wall_clock_s=120),
