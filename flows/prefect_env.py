@@ -46,6 +46,8 @@ PREFECT_DEFAULTS: dict[str, str] = {
     # dealloc waits for the same lock with the GIL held (every thread stops for good; seen
     # as a Dask load run stalled at 184/200 with idle CPUs). Episodes don't need the profiler.
     "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+    # Ray (--task-runner ray) never phones home either.
+    "RAY_USAGE_STATS_ENABLED": "0",
     # Offline hosts: Hugging Face loaders must fail at once, not retry for 23 s.
     "HF_DATASETS_OFFLINE": "1",
     "HF_HUB_OFFLINE": "1",

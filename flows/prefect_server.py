@@ -1,4 +1,4 @@
-"""A temporary Prefect API server for Dask runs in ephemeral mode.
+"""A temporary Prefect API server for Dask (and Ray) runs in ephemeral mode.
 
 Without PREFECT_API_URL, Prefect runs "ephemeral": each *process* that needs the API
 starts its own server on 127.0.0.1. With the thread runner that is one server for the
@@ -56,12 +56,12 @@ def api_for_task_runner(task_runner: str, dask_address: str | None = None) -> It
     """Around a run: a shared Prefect API when Dask would otherwise go ephemeral.
 
     Yields the temporary server's API URL, or None when nothing was needed (thread
-    runner, or PREFECT_API_URL already set).
+    runner, or PREFECT_API_URL already set). Ray's worker processes are like Dask's.
     """
-    if task_runner != "dask" or configured_api_url():
+    if task_runner not in ("dask", "ray") or configured_api_url():
         yield None
         return
-    if dask_address and not _local_address(dask_address):
+    if task_runner == "dask" and dask_address and not _local_address(dask_address):
         raise RunConfigError(
             f"--task-runner dask --dask-address {dask_address}: no Prefect API is configured "
             "(PREFECT_API_URL is unset), and Dask workers on other hosts cannot reach a server on "
@@ -150,7 +150,7 @@ def temporary_server(timeout_s: float | None = None) -> Iterator[str]:
                 failed = True  # keep its log: the error names it
                 tail = Path(log.name).read_text(errors="replace")[-1500:]
                 raise RunConfigError(
-                    f"the temporary Prefect server for the Dask run did not start on 127.0.0.1:{port} "
+                    f"the temporary Prefect server for the Dask or Ray run did not start on 127.0.0.1:{port} "
                     f"within {timeout_s:.0f} s (exit status {proc.poll()}; log {log.name}): {tail}\n"
                     "Start one yourself (`prefect server start`) and set PREFECT_API_URL."
                 )

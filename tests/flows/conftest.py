@@ -3,6 +3,8 @@ real Docker engine and image, and a check that no container outlives a test."""
 
 from __future__ import annotations
 
+import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +60,53 @@ def solver(body: dict, index: int) -> Reply:
     ]
     name, args = steps[min(done, len(steps) - 1)]
     return tool_reply(name, args)
+
+
+def needs(module: str, how: str) -> None:
+    """An optional part (an extra, a service the set-up starts when asked): in CI (CI=true,
+    where .ci/run asks for every part) its absence fails the test; elsewhere it is skipped
+    with the reason and how to get it, shown in pytest's summary."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        message = f"needs {how}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def benchmark_on(runner_args: list[str], tmp_path: Path, model: ScriptedModel) -> tuple[str, str]:
+    """`sandflow flows run` of 2 tiny tasks in both modes with `runner_args` (a task runner);
+    checks every episode submitted and no container left; (run id, the command's output)."""
+    from typer.testing import CliRunner
+
+    from sandflow.cli import app
+    from warehouse.query import connect
+
+    ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(2))
+    wh = tmp_path / "wh"
+    res = CliRunner(env={"COLUMNS": "300"}).invoke(
+        app,
+        ["flows", "run", str(ts), "--base-url", model.url, "--model", "scripted", "--warehouse", str(wh),
+         "--mode", "both", "--max-steps", "6", *runner_args],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    m = re.search(r"(\S+): 4 recorded, 0 failed", res.output)
+    assert m, res.output
+    rid = m.group(1)
+    with connect(wh) as q:
+        rows = q.con.execute(
+            f"SELECT mode, count(*) FROM episodes WHERE run_id = '{rid}' AND termination = 'submitted' "
+            "GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    assert rows == [("llm", 2), ("sandbox", 2)]
+    assert containers_of(rid) == []
+    return rid, res.output
+
+
+def worker_pids(output: str) -> set[int]:
+    """The pids `flows run` names as where its episodes ran (Dask, Ray)."""
+    return {int(p) for p in re.findall(r"worker pids \[([\d, ]+)\]", output)[0].split(", ")}
 
 
 @pytest.fixture

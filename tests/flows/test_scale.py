@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,13 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from tests.flows.conftest import containers_of, tiny_tasks, write_tasks
+from tests.flows.conftest import benchmark_on, worker_pids
+from tests.flows.prefect_servers import REPO, api, prefect
+from tests.flows.prefect_servers import prefect_server as running_server
 from tests.scripted_model import ScriptedModel
-
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 
 
 @pytest.mark.slow
@@ -36,116 +31,41 @@ BIN = Path(sys.executable).parent
 def test_dask_cluster_runs_a_benchmark(tmp_path: Path, model: ScriptedModel) -> None:
     from distributed import Client, LocalCluster
 
-    from sandflow.cli import app
-    from warehouse.query import connect
-
-    ts = write_tasks(tmp_path / "tiny.parquet", tiny_tasks(2))
-    wh = tmp_path / "wh"
     with LocalCluster(
         n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0"
     ) as cluster:
         address = cluster.scheduler_address
         assert address.startswith("tcp://127.0.0.1:")
-        worker_pids = {w.pid for w in cluster.workers.values()}
+        worker_pids_ = {w.pid for w in cluster.workers.values()}
         with Client(cluster) as client:
             callbacks = client.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks))
         # importing flows turns the workers' stack profiler off: on CPython 3.11 it can
         # deadlock a worker for good (flows/prefect_env.py)
         assert callbacks and all("profile" not in cbs for cbs in callbacks.values()), callbacks
-        res = CliRunner(env={"COLUMNS": "300"}).invoke(
-            app,
-            ["flows", "run", str(ts), "--base-url", model.url, "--model", "scripted", "--warehouse", str(wh),
-             "--mode", "both", "--concurrency", "4", "--max-steps", "6",
-             "--task-runner", "dask", "--dask-address", address],
-        )  # fmt: skip
-    assert res.exit_code == 0, res.output + repr(res.exception)
-    m = re.search(r"(\S+): 4 recorded, 0 failed", res.output)
-    assert m, res.output
-    rid = m.group(1)
-    with connect(wh) as q:
-        rows = q.con.execute(
-            f"SELECT mode, count(*) FROM episodes WHERE run_id = '{rid}' AND termination = 'submitted' GROUP BY 1 ORDER BY 1"
-        ).fetchall()
-    assert rows == [("llm", 2), ("sandbox", 2)]
+        _, output = benchmark_on(
+            ["--concurrency", "4", "--task-runner", "dask", "--dask-address", address], tmp_path, model
+        )
     # the episodes ran in the Dask worker processes, not in this one
-    ran_in = {int(p) for p in re.findall(r"worker pids \[([\d, ]+)\]", res.output)[0].split(", ")}
-    assert ran_in and ran_in <= worker_pids and os.getpid() not in ran_in
-    assert containers_of(rid) == []
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    ran_in = worker_pids(output)
+    assert ran_in and ran_in <= worker_pids_ and os.getpid() not in ran_in
 
 
 @pytest.fixture
 def prefect_server(tmp_path: Path) -> Iterator[dict[str, str]]:
     """A real Prefect server on 127.0.0.1 with its own PREFECT_HOME; yields a client env."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(
-        PREFECT_HOME=str(tmp_path / "prefect-home"),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        DO_NOT_TRACK="1",
-        PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="3",
-        PREFECT_LOGGING_LEVEL="WARNING",
-        PATH=f"{BIN}:{os.environ.get('PATH', '')}",
-    )
-    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115  (closed in finally; the server outlives a with)
-    proc = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    api = f"http://127.0.0.1:{port}/api"
-    try:
-        import httpx
-
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"prefect server did not start: {(tmp_path / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.5)
-        yield dict(env, PREFECT_API_URL=api)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
-
-
-def _prefect(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BIN / "prefect"), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-
-
-def _api(env: dict[str, str], path: str, body: dict[str, Any] | None = None) -> Any:
-    import httpx
-
-    url = env["PREFECT_API_URL"] + path
-    r = httpx.post(url, json=body or {}, timeout=30) if body is not None else httpx.get(url, timeout=30)
-    r.raise_for_status()
-    return r.json()
+    with running_server(tmp_path, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="3") as env:
+        yield env
 
 
 @pytest.mark.slow
 def test_prefect_yaml_deploys_against_a_real_server(prefect_server: dict[str, str], tmp_path: Path) -> None:
     env = dict(prefect_server, SANDFLOW_REPO=str(REPO))
-    r = _prefect(env, "work-pool", "create", "sandflow-process", "--type", "process")
+    r = prefect(env, "work-pool", "create", "sandflow-process", "--type", "process")
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("nightly", "rl-data", "data-build"):
-        r = _prefect(env, "--no-prompt", "deploy", "--name", name)
+        r = prefect(env, "--no-prompt", "deploy", "--name", name)
         assert r.returncode == 0, r.stdout + r.stderr
-    deps = {d["name"]: d for d in _api(env, "/deployments/filter", {})}
+    deps = {d["name"]: d for d in api(env, "/deployments/filter", {})}
     assert set(deps) == {"nightly", "rl-data", "data-build"}
     assert deps["data-build"]["entrypoint"] == "sandflow/deployments.py:data_build_job"
     assert deps["data-build"]["parameters"]["decontaminate"] == ["smoke"]
@@ -164,7 +84,7 @@ def test_prefect_yaml_deploys_against_a_real_server(prefect_server: dict[str, st
     deadline = time.monotonic() + 90
     runs: list[dict[str, Any]] = []
     while time.monotonic() < deadline and not runs:
-        runs = _api(env, "/flow_runs/filter", {"deployments": {"id": {"any_": [nightly["id"]]}}})
+        runs = api(env, "/flow_runs/filter", {"deployments": {"id": {"any_": [nightly["id"]]}}})
         time.sleep(2)
     assert runs, "the scheduler created no runs for the nightly deployment"
     assert all(r["expected_start_time"][11:16] == "02:00" for r in runs), [r["expected_start_time"] for r in runs]
@@ -178,10 +98,10 @@ def test_deploy_without_repo_path_defers_to_the_worker(prefect_server: dict[str,
     """SANDFLOW_REPO unset at deploy time: the placeholder is stored, not the deploying cwd;
     a worker resolves it from its own environment, and fails loudly when it has none."""
     env = {k: v for k, v in prefect_server.items() if k != "SANDFLOW_REPO"}
-    assert _prefect(env, "work-pool", "create", "sandflow-process", "--type", "process").returncode == 0
-    r = _prefect(env, "--no-prompt", "deploy", "--name", "nightly")
+    assert prefect(env, "work-pool", "create", "sandflow-process", "--type", "process").returncode == 0
+    r = prefect(env, "--no-prompt", "deploy", "--name", "nightly")
     assert r.returncode == 0, r.stdout + r.stderr
-    (dep,) = _api(env, "/deployments/filter", {})
+    (dep,) = api(env, "/deployments/filter", {})
     step = dep["pull_steps"][0]
     assert step == {"prefect.deployments.steps.set_working_directory": {"directory": "{{ $SANDFLOW_REPO }}"}}
     code = (
