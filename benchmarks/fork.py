@@ -1,6 +1,7 @@
 """Forking a live sandbox (issue #25) against the sandbox's own copy of the same files.
 
     .venv/bin/python benchmarks/fork.py [--rounds 15] [--fresh-rounds 5] [--no-bwrap]
+                                        [--no-replay | --replay-only] [--no-tree | --tree-only]
 
 The parent holds 10 MB in 1,000 files (100 folders) plus a shaped shell (exported and
 plain variables, arrays, functions, aliases, options, umask, ulimits, cwd). Figures (p50s):
@@ -12,6 +13,9 @@ plain variables, arrays, functions, aliases, options, umask, ulimits, cwd). Figu
               output holds what legitimately varies: dates, temp names, pids, timings)
               replayed to its last turn by `sandflow run --replay`'s library path:
               replay_divergences goal 0 (replay_figures(), its own function)
+  tree        leaves per second of a width-4 tree branched at mid-episode (rollout server,
+              request.branching) over 4 independent episodes of the same length, scripted
+              model, one episode at a time: tree_speedup goal >= 1.5 (tree_figures())
 The last line printed is one JSON object with every figure.
 """
 
@@ -148,6 +152,78 @@ def replay_figures(backend: str = "docker") -> dict[str, Any]:
             f"replay_pass{sfx}": check.total == 0}
 
 
+TREE_TURNS = 11  # tool turns per leaf, then submit: 12 turns; the tree branches at turn 6
+TREE_WIDTH = 4
+TREE_THINK_S = 0.15  # the scripted model's time per reply (a real policy takes seconds)
+TREE_STEP = "python3 -c 'print(sum(i*i for i in range(200000)))' >> /testbed/work.log"
+
+
+def tree_figures() -> dict[str, Any]:
+    """Leaves per second of a width-4 tree branched at mid-episode against 4 independent
+    episodes of the same length: one rollout server (real HTTP, Docker with its warm pool,
+    a warehouse), the scripted model, one episode at a time (what a saturated server
+    sees). Independent, tree, independent, tree: the better of each pair counts (the
+    pool warm for both)."""
+    import tempfile
+    import threading
+
+    import uvicorn
+
+    from rl.client import RolloutClient
+    from rl.server import ServerConfig, create_app
+    from tasks.loop import Limits
+    from tests.scripted_model import Reply, ScriptedModel, tool_reply
+
+    def policy(body: dict, index: int) -> Reply:
+        done = sum(1 for m in body["messages"] if m.get("role") == "assistant")
+        if done < TREE_TURNS:
+            reply = tool_reply("execute_bash", {"command": TREE_STEP}, content=f"Step {done}.")
+        else:
+            reply = tool_reply("submit", {"answer": "1"})
+        reply.delay_s = TREE_THINK_S
+        return reply
+
+    task = {"id": "tree-bench", "domain": "math", "problem_statement": "Work, then answer 1.",
+            "ground_truth": "1", "verifier": "exact", "qa_type": "exact"}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="sandflow-bench-") as tmp, ScriptedModel(
+        default=policy
+    ) as model:
+        cfg = ServerConfig(
+            warehouse=Path(tmp), max_concurrency=1, durability="flush",
+            sandbox=SandboxConfig(run_id="bench-tree", reuse="pool",
+                                  limits=SandboxLimits(network="none")),
+            limits=Limits(max_steps=TREE_TURNS + 2, wall_clock_s=600),
+        )  # fmt: skip
+        srv = uvicorn.Server(uvicorn.Config(create_app(cfg), host="127.0.0.1", port=0,
+                                            log_level="warning"))  # fmt: skip
+        thread = threading.Thread(target=srv.run, daemon=True)
+        thread.start()
+        while not srv.started:
+            time.sleep(0.02)
+        url = f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
+        base = {"tasks": [task], "endpoint": {"base_url": model.url, "model": "scripted"},
+                "sampling": {"max_tokens": 64}, "max_concurrency": 1}  # fmt: skip
+        branching = {"width": TREE_WIDTH, "at_turns": [(TREE_TURNS + 1) // 2]}
+        walls = {}
+        with RolloutClient(url) as client:
+            plain, tree = ("independent", {"n": TREE_WIDTH}), ("tree", {"n": 1, "branching": branching})
+            for i, (name, extra) in enumerate((plain, tree, plain, tree)):
+                t0 = time.perf_counter()
+                r = client.rollouts({**base, **extra, "run_id": f"bench-tree-{name}-{i}"})
+                walls[name] = min(walls.get(name, 1e9), time.perf_counter() - t0)
+                assert r.summary["ok"] == TREE_WIDTH, r.summary
+                assert all(t["num_turns"] == TREE_TURNS + 1 for t in r.trajectories)
+        srv.should_exit = True
+        thread.join(30)
+    lps = {k: TREE_WIDTH / v for k, v in walls.items()}
+    speedup = lps["tree"] / lps["independent"]
+    print(f"tree    width {TREE_WIDTH} branched at turn {(TREE_TURNS + 1) // 2} of {TREE_TURNS + 1}: "
+          f"{lps['tree']:.3f} leaves/s vs {lps['independent']:.3f} for {TREE_WIDTH} independent "
+          f"episodes: tree_speedup {speedup:.2f}x (goal >= 1.5)")  # fmt: skip
+    return {"tree_speedup": speedup, "tree_leaves_per_s": lps["tree"],
+            "independent_leaves_per_s": lps["independent"], "tree_pass": speedup >= 1.5}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
@@ -155,9 +231,12 @@ def main() -> None:
     ap.add_argument("--no-bwrap", action="store_true")
     ap.add_argument("--no-replay", action="store_true", help="skip the replay figures")
     ap.add_argument("--replay-only", action="store_true", help="only the replay figures")
+    ap.add_argument("--no-tree", action="store_true", help="skip the tree figure")
+    ap.add_argument("--tree-only", action="store_true", help="only the tree figure")
     args = ap.parse_args()
     fig: dict[str, Any] = {"benchmark": "fork"}
-    backends = () if args.replay_only else ("docker",) if args.no_bwrap else ("docker", "bwrap")
+    only = args.replay_only or args.tree_only
+    backends = () if only else ("docker",) if args.no_bwrap else ("docker", "bwrap")
     for backend in backends:
         r = bench(backend, args.rounds, args.fresh_rounds)
         sfx = "" if backend == "docker" else "_bwrap"
@@ -174,9 +253,11 @@ def main() -> None:
             f"floor cp -a {r['floor_p50_ms']:6.1f} ms  ratio {r['p50_ms'] / r['floor_p50_ms']:.2f}x  "
             f"({r['bytes']} bytes, {r['files']} files)"
         )
-    if not args.no_replay:
+    if not (args.no_replay or args.tree_only):
         for backend in ("docker",) if args.no_bwrap else ("docker", "bwrap"):
             fig.update(replay_figures(backend))
+    if not (args.no_tree or args.replay_only):
+        fig.update(tree_figures())
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in fig.items()}))
 
 

@@ -34,7 +34,7 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,8 +52,9 @@ from rl.groups import Group
 from rl.recording import RolloutRecorder, RolloutTags
 from rl.reward import RewardError, reward_of
 from rl.toolcalls import FORMATS, TextReply, parse_text_tool_calls
+from rl.tree import Branch, BranchSpec, branch_points, grow
 from sandbox.base import SandboxConfig
-from tasks.loop import EpisodeResult, Limits, run_episode
+from tasks.loop import EpisodeResult, Limits, SteppedEpisode, run_episode
 from tasks.model import DEFAULT_RETRY_WINDOW_S, ModelClient, ModelConfig, ModelReply
 from tasks.records import EpisodeRecord, Recorder, episode_key
 from tasks.spec import RunSpec
@@ -117,6 +118,9 @@ class RolloutRequest(BaseModel):
     tool_call_format: str = Field("auto", description="how tool calls are read from raw text")
     max_concurrency: int | None = Field(None, ge=1, description="at most the server's own bound")
     episode_attempts: int = Field(3, ge=1, le=10, description="tries per episode on infra failure")
+    branching: BranchSpec | None = Field(
+        None, description="tree rollouts: each of the n samples branches (rl.tree)"
+    )
     budget: Budget | None = Field(None, description="None: the server's default budget (if any)")
 
     @field_validator("tool_call_format")
@@ -184,10 +188,12 @@ class Batch:
         for i, row in enumerate(request.tasks):
             self.tasks.append(task_from_row(row, where=f"tasks[{i}]"))
         self.total = len(self.tasks) * request.n
-        if self.total > MAX_EPISODES_PER_BATCH:
+        self.branching = request.branching
+        leaves = self.branching.max_leaves if self.branching else 1
+        if self.total * leaves > MAX_EPISODES_PER_BATCH:
             raise RowError(
-                f"{len(self.tasks)} tasks x n={request.n} = {self.total} episodes; at most "
-                f"{MAX_EPISODES_PER_BATCH} per request"
+                f"{len(self.tasks)} tasks x n={request.n} x {leaves} leaves at most = "
+                f"{self.total * leaves} episodes; at most {MAX_EPISODES_PER_BATCH} per request"
             )
         self.limits = request.limits or default_limits
         self.sandbox = sandbox or SandboxConfig()
@@ -285,17 +291,16 @@ class Batch:
             self.client.close()
 
     # -- one attempt of one episode (a worker thread) ----------------------------------
-    def _attempt(self, ep: EpisodeSpec) -> tuple[EpisodeSpec, EpisodeResult]:
+    def _attempt(self, ep: EpisodeSpec) -> tuple[EpisodeSpec, Any]:
         """The engine's job: one attempt; InfraFailure (carrying the result) when it is
         worth another, EpisodeCancelled when the batch was cancelled."""
         if self.budget is not None:  # what the warehouse holds: earlier attempts, a resumed batch
             self.budget.refresh_if_due()
             if self.cancel_event.is_set():
                 raise EpisodeCancelled(f"episode {ep.key} not started: {self.cancel_event.reason}")
-        with self._active_lock:
-            self.active += 1
-            self.peak_active = max(self.peak_active, self.active)
-        try:
+        if self.branching is not None:
+            return self._tree(ep, self.branching)
+        with self._holding(ep.key):
             result = run_episode(
                 ep.task,
                 self.model_cfg,
@@ -309,20 +314,115 @@ class Batch:
                 cancel=self.cancel_event,
                 on_event=self.budget.hook(ep.key) if self.budget is not None else None,
             )
-        finally:
-            with self._active_lock:
-                self.active -= 1
-            if self.budget is not None:
-                self.budget.episode_ended(ep.key)
-        with self._active_lock:
-            self._attempts[ep.key] = attempts = self._attempts.get(ep.key, 0) + 1
-        result.record.config["attempts"] = attempts
+        result.record.config["attempts"] = self._attempt_number(ep.key)
         stopped = result.record.termination in ("interrupted", budgets.TERMINATION)
         if stopped and self.cancel_event.is_set():
             raise EpisodeCancelled(f"episode {ep.key} stopped: {self.cancel_event.reason}")
         if is_retryable(result.record.termination):
             raise InfraFailure(f"{ep.label}: {result.record.termination}", (ep, result), self.run_id)
         return ep, result
+
+    @contextlib.contextmanager
+    def _holding(self, key: str) -> Iterator[None]:
+        """A job holds a slot: counted as active (the peak kept); what it spent is counted
+        from the warehouse once it ends (the budget)."""
+        with self._active_lock:
+            self.active += 1
+            self.peak_active = max(self.peak_active, self.active)
+        try:
+            yield
+        finally:
+            with self._active_lock:
+                self.active -= 1
+            if self.budget is not None:
+                self.budget.episode_ended(key)
+
+    def _attempt_number(self, key: str) -> int:
+        with self._active_lock:
+            self._attempts[key] = attempts = self._attempts.get(key, 0) + 1
+        return attempts
+
+    def _tree(self, ep: EpisodeSpec, spec: BranchSpec) -> tuple[EpisodeSpec, list[Branch]]:
+        """One attempt of a tree rooted at sample `ep` (rl.tree.grow). Its branches take
+        sample indices after the batch's roots, n + root x (max_leaves - 1) + j: unique
+        and the same on a retry. Retried as a whole only when the root failed before it
+        branched (infrastructure); a branch that fails later is a failed leaf."""
+        base = self.request.n + ep.sample_index * (spec.max_leaves - 1)
+        counter = iter(range(base, base + spec.max_leaves - 1))
+
+        def next_index() -> int:  # a branch's sandbox is labelled with its own episode
+            index = next(counter)
+            self.episode_ids.add(episode_key(self.run_id, ep.task.id, "sandbox", index))
+            return index
+
+        with self._holding(ep.key):  # a tree's spending is counted when it ends
+            root = SteppedEpisode(
+                ep.task,
+                self.sandbox,
+                self.recorder,
+                model_cfg=self.model_cfg,
+                sample_index=ep.sample_index,
+                run_id=self.run_id,
+                limits=self.limits,
+                prompt_dir=self.prompt_dir,
+                client=self.client,
+            )
+            root.cancel = self.cancel_event
+            root.start()
+            branches = grow(root, spec, next_index)
+        attempts = self._attempt_number(ep.key)
+        for b in branches:
+            b.episode.record.config["attempts"] = attempts
+        term = root.record.termination
+        if self.cancel_event.is_set() and any(
+            b.episode.record.termination in ("interrupted", budgets.TERMINATION) for b in branches
+        ):
+            raise EpisodeCancelled(f"tree {ep.key} stopped: {self.cancel_event.reason}")
+        if len(branches) == 1 and is_retryable(term):
+            raise InfraFailure(f"{ep.label}: {term}", (ep, branches), self.run_id)
+        return ep, branches
+
+    def _events_of(self, ep: EpisodeSpec, res: Any) -> list[dict[str, Any]]:
+        """The events of what the executor handed back: one trajectory, or a tree's
+        trajectories (each with its lineage) then its branch points."""
+        if isinstance(res, InfraFailure) and isinstance(res.outcome, tuple):
+            res = res.outcome
+        if not (isinstance(res, tuple) and isinstance(res[1], list)):
+            return [self._event_of(ep, res)]
+        branches: list[Branch] = res[1]
+        root = branches[0].episode.record.episode_id if branches else None
+        for b in branches:
+            if b.parent is None:
+                root = b.episode.record.episode_id
+        events = []
+        for b in branches:
+            e = b.episode
+            result = EpisodeResult(e.record, e.turns, e.messages)
+            event = self.trajectory(ep.task, e.record.sample_index, result)
+            event.update(
+                tree_root=root,
+                parent_episode_id=b.parent,
+                branch_turn=b.branch_turn,
+                branch_kind="fork" if b.parent else None,
+                branch_path=[list(p) for p in b.path],
+            )
+            if b.fork_error:
+                event["fork_error"] = b.fork_error
+            events.append(event)
+        rewards = {
+            ev["episode_id"]: ev.get("reward") for ev in events if ev.get("status") == "ok"
+        }
+        for point in branch_points(branches, rewards):
+            events.append(
+                {
+                    "type": "branch_point",
+                    "run_id": self.run_id,
+                    "task_id": ep.task.id,
+                    "tree_root": root,
+                    **point,
+                }
+            )
+        return events
 
     def _event_of(self, ep: EpisodeSpec, res: Any) -> dict[str, Any]:
         """The trajectory event of what the executor handed back (the reward is computed
@@ -401,8 +501,8 @@ class Batch:
         as it ends, then None."""
         try:
             for ep, res in self.executor.map(self._attempt, self.episodes, (), self.policy, self.cancel_event):
-                event = self._event_of(ep, res)
-                loop.call_soon_threadsafe(queue.put_nowait, (ep.task, event))
+                events = self._events_of(ep, res)
+                loop.call_soon_threadsafe(queue.put_nowait, (ep.task, events))
         finally:
             loop.call_soon_threadsafe(queue.put_nowait, None)
 
@@ -420,7 +520,13 @@ class Batch:
             "episodes": self.total,
             "tasks": len(groups),
             "n": self.request.n,
+            "branching": self.branching.model_dump() if self.branching else None,
         }
+        if self.branching is not None:  # a tree holds `width` sandboxes at a branch point
+            from sandbox import prewarm
+
+            at_once = min(self.total, self.request.max_concurrency or self.total)
+            prewarm(self.sandbox, at_once * self.branching.width)  # no-op unless pooled
         fan_out = threading.Thread(
             target=self._fan_out, args=(loop, queue), name=f"rollout-{self.run_id}", daemon=True
         )
@@ -429,13 +535,18 @@ class Batch:
         complete = False
         try:
             while (item := await queue.get()) is not None:
-                task, event = item
-                self.counts[event["status"]] += 1
-                if event["status"] == "ok" and event.get("reward") is not None:
-                    scores.append(_score_row(event, task))
-                yield event
-                if groups[task.id].add(event["episode_id"], event.get("reward")):
-                    yield {"type": "group", "run_id": self.run_id, **groups[task.id].advantages()}
+                task, events = item
+                group = groups[task.id]
+                trajectories = [e for e in events if e["type"] == "trajectory"]
+                group.expected += len(trajectories) - 1  # a tree: one sample, several leaves
+                for event in events:
+                    yield event
+                for event in trajectories:
+                    self.counts[event["status"]] += 1
+                    if event["status"] == "ok" and event.get("reward") is not None:
+                        scores.append(_score_row(event, task))
+                    if group.add(event["episode_id"], event.get("reward")):
+                        yield {"type": "group", "run_id": self.run_id, **group.advantages()}
             complete = True
             self.done = True
             yield self.summary()
@@ -451,7 +562,7 @@ class Batch:
         out = {
             "type": "done",
             "run_id": self.run_id,
-            "episodes": self.total,
+            "episodes": sum(self.counts.values()) if self.branching else self.total,
             **self.counts,
             "peak_concurrent": self.peak_active,
             "wall_s": round(time.monotonic() - self.t0, 3),

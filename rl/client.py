@@ -6,6 +6,7 @@
             ...
         result = client.rollouts(request)              # or all of it, advantages merged
         for t in result.trajectories: t["reward"], t["advantage_rloo"], t["response_ids"]
+        # tree rollouts (request["branching"]): t["branch_advantages"], result.branch_points
 
 Leaving `stream` early (break, an exception, Ctrl+C) closes the connection, which
 cancels the batch's remaining episodes on the server and removes their sandboxes.
@@ -30,6 +31,7 @@ class RolloutResult:
     run_id: str | None = None
     trajectories: list[dict[str, Any]] = field(default_factory=list)
     groups: list[dict[str, Any]] = field(default_factory=list)
+    branch_points: list[dict[str, Any]] = field(default_factory=list)  # tree rollouts (rl.tree)
     summary: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -61,7 +63,7 @@ class RolloutClient:
         return dict(r.json())
 
     def stream(self, request: Mapping[str, Any] | Any) -> Iterator[dict[str, Any]]:
-        """POST the request; yield each event (start, trajectory, group, done)."""
+        """POST the request; yield each event (start, trajectory, group, branch_point, done)."""
         body = _body(request)
         with self._http.stream("POST", f"{self.url}/v1/rollouts", json=body) as resp:
             if resp.status_code != 200:
@@ -101,6 +103,19 @@ class RolloutClient:
                     if ep in by_id:
                         by_id[ep]["advantage_grpo"] = event["advantage_grpo"][i]
                         by_id[ep]["advantage_rloo"] = event["advantage_rloo"][i]
+            elif kind == "branch_point":  # each leaf gets its sibling's advantage there
+                result.branch_points.append(event)
+                for i, leaves in enumerate(event.get("leaves", [])):
+                    for ep in leaves:
+                        if ep in by_id:
+                            by_id[ep].setdefault("branch_advantages", []).append(
+                                {
+                                    "parent_episode_id": event["parent_episode_id"],
+                                    "branch_turn": event["branch_turn"],
+                                    "advantage_grpo": event["advantage_grpo"][i],
+                                    "advantage_rloo": event["advantage_rloo"][i],
+                                }
+                            )
             elif kind == "done":
                 result.summary = event
         if not result.summary:

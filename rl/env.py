@@ -37,7 +37,7 @@ from datasets_prep.task import Task
 from rl.recording import RolloutRecorder, RolloutTags
 from rl.reward import Reward, reward_of
 from rl.toolcalls import ToolCallFormat, reply_from_action
-from sandbox.base import SandboxConfig
+from sandbox.base import SandboxConfig, SandboxError
 from tasks.loop import Limits, SteppedEpisode
 from tasks.model import ModelConfig
 from tasks.records import INFRA_TERMINATIONS, EpisodeRecord, NullRecorder, Recorder, Termination
@@ -223,6 +223,45 @@ class SandboxEnv:
         tools_s = ep.turns[-1].tool_latency_s if ep.turns else 0.0
         self.step_overhead_s.append(max(0.0, time.perf_counter() - t0 - tools_s))
         return StepResult(observations=observations, reward=reward, done=ep.done, info=info)
+
+    def fork(self, k: int) -> list[SandboxEnv]:
+        """k environments that continue this episode from here, for tree rollouts: each
+        has the same history (`messages`, the turn count, the turns' token ids) and its
+        own fork of the sandbox (files and shell state; running processes are not carried:
+        `fork_info` names them). Each is a new episode of this env's run, recorded with
+        lineage (parent episode, branch turn, kind "fork") and its own sample index; step
+        them like this env, which goes on unchanged. Raises InfraError when the sandbox
+        could not be forked (no child is left open; this episode is untouched)."""
+        if not 1 <= k <= 64:
+            raise ValueError(f"fork: k must be between 1 and 64, got {k}")
+        ep = self._running()
+        assert self.task is not None
+        indices = [_next_sample(self.run_id, self.task.id) for _ in range(k)]
+        try:
+            episodes = ep.fork(indices)
+        except SandboxError as exc:
+            raise InfraError(
+                f"could not fork episode {ep.record.episode_id} at turn {len(ep.turns)}: {exc}"
+            ) from None
+        envs = []
+        for child in episodes:
+            env = object.__new__(SandboxEnv)
+            env.__dict__.update(self.__dict__)
+            env.tags = self.tags.model_copy()
+            env.episode, env.reward, env.step_overhead_s = child, None, []
+            envs.append(env)
+        return envs
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The episode's history so far (a copy): system, task, then every turn's messages."""
+        return [dict(m) for m in self.episode.messages] if self.episode is not None else []
+
+    @property
+    def fork_info(self) -> Any:
+        """What this env's sandbox knows of its making (sandbox.fork.ForkInfo), or None."""
+        box = self.episode.sandbox if self.episode is not None else None
+        return getattr(box, "fork_info", None)
 
     def close(self, reason: Termination = "interrupted", error: str | None = None) -> None:
         """End a running episode with `reason` (recorded) and release its sandbox. Idempotent."""

@@ -1149,13 +1149,18 @@ def unlock_owned(roots, deadline):
     return locked
 
 
+FORK_FRAME = 1 << 20  # a fork's frames: few (each a handoff between threads on the host)
+
+
 def op_fork_get(session, req):
     """Stream one tar of every writable place (arc names: the place's path without its
-    leading '/'), bounded like `get`; the final header names the processes left behind."""
+    leading '/'), bounded like `get`; the final header names the processes left behind.
+    Frames of FORK_FRAME bytes: the host passes each on to the children while this walk
+    goes on, so the export and the children's writes overlap."""
     t0 = time.monotonic()
     max_seconds = float(req.get("max_seconds") or 0)
     deadline = t0 + max_seconds if max_seconds > 0 else float("inf")
-    out = FrameWriter(req["id"], CHUNK_MAX)
+    out = FrameWriter(req["id"], FORK_FRAME)
     exporter = Exporter(
         out, int(req.get("max_bytes") or 0), int(req.get("max_entries") or 0), deadline
     )
@@ -1305,17 +1310,58 @@ def pax_records(data):
     return out
 
 
+class ChunkedReader(PayloadReader):
+    """A payload of unknown length (a fork archive forwarded as the parent sends it): chunks
+    of a 4-byte big-endian length then the bytes; length 0 ends it, FORK_ABORT stops it (the
+    parent's export failed: what was written is the host's to wipe)."""
+
+    def __init__(self, chan):
+        super().__init__(chan, 0)
+        self.done = False
+
+    def readinto(self, b):
+        if self.left <= 0:
+            if self.done:
+                return 0
+            while len(self.chan.buf) < 4:
+                if not self.chan.fill(5.0) and self.chan.eof:
+                    raise EOFError("host closed the channel mid-payload")
+            n = int.from_bytes(self.chan.buf[:4], "big")
+            del self.chan.buf[:4]
+            if n == 0 or n == FORK_ABORT:
+                self.done = True
+                if n == FORK_ABORT:
+                    raise ForkRefused("the host stopped the fork (the parent's export failed)")
+                return 0
+            self.left = n
+        return super().readinto(b)
+
+    def drain(self):
+        sink = bytearray(1 << 16)
+        while not self.done:
+            try:
+                self.readinto(sink)
+            except ForkRefused:
+                return
+
+
+FORK_ABORT = 0xFFFFFFFF
+NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+
+
 def op_fork_put(chan, req):
-    """Write a fork archive (from op_fork_get of the parent) into this sandbox's writable
-    places, as the sandbox user, never through a symlink: regular files, folders, symlinks
-    and hard links to files of the same archive; modes and mtimes kept, folders' modes set
-    last (a locked folder is filled first)."""
-    src = PayloadReader(chan, int(req.get("len") or 0))
+    """Write a fork archive (from op_fork_get of the parent, chunked: ChunkedReader) into
+    this sandbox's writable places, as the sandbox user, never through a symlink: regular
+    files, folders, symlinks and hard links to files of the same archive; modes and mtimes
+    kept, folders' modes set last (a locked folder is filled first). Files are created with
+    their mode (umask 0 for the time of the put): no chmod per file."""
+    src = ChunkedReader(chan)
     roots = [r.lstrip("/") for r in wipe_roots()]
     checked = {"/" + r for r in roots}
     dirs = []
     written = set()
     files = 0
+    old_umask = os.umask(0)
     try:
         for m in fork_members(io.BufferedReader(src, 1 << 20)):
             path, is_root = fork_target(m.name, roots)
@@ -1336,23 +1382,20 @@ def op_fork_put(chan, req):
                         raise ForkRefused(f"fork member {m.name[:200]!r} exists") from None
                 dirs.append((path, m.mode, m.mtime))
                 continue
-            if os.path.lexists(path):
-                if stat.S_ISDIR(os.lstat(path).st_mode):
-                    raise ForkRefused(f"fork member {m.name[:200]!r} is a folder here")
-                os.unlink(path)
             if m.issym():
-                os.symlink(m.linkname, path)
+                fork_replace(path, m, lambda p, t=m.linkname: os.symlink(t, p))
             elif m.islnk():
                 target = "/" + m.linkname
                 if target not in written:
                     raise ForkRefused(f"fork member {m.name[:200]!r}: a link to nothing")
-                os.link(target, path, follow_symlinks=False)
+                fork_replace(path, m, lambda p, t=target: os.link(t, p, follow_symlinks=False))
             elif m.isfile():
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                fd = fork_replace(path, m, lambda p, mode=m.mode & 0o777: os.open(p, NEW, mode))
                 try:
                     while chunk := m.read(1 << 20):
                         write_fd(fd, chunk)
-                    os.fchmod(fd, m.mode & 0o1777)
+                    if m.mode & 0o1000:
+                        os.fchmod(fd, m.mode & 0o1777)
                     os.utime(fd, (m.mtime, m.mtime))
                 finally:
                     os.close(fd)
@@ -1364,8 +1407,21 @@ def op_fork_put(chan, req):
                 os.chmod(path, mode & 0o1777, follow_symlinks=False)
                 os.utime(path, (mtime, mtime), follow_symlinks=False)
     finally:
+        os.umask(old_umask)
         src.drain()
     send({"id": req["id"], "ok": True, "files": files})
+
+
+def fork_replace(path, m, make):
+    """make(path), first removing what is there (never a folder): a fork writes a member
+    over the child's own file of that name. One syscall when nothing is there."""
+    try:
+        return make(path)
+    except FileExistsError:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            raise ForkRefused(f"fork member {m.name[:200]!r} is a folder here") from None
+        os.unlink(path)
+        return make(path)
 
 
 def write_fd(fd, data):

@@ -61,24 +61,25 @@ class AttachTransport:
             raise TransportClosed(str(e)) from None
         if not chunk:
             raise TransportClosed("attach stream closed")
-        self.frames += chunk
+        frames = self.frames
+        frames += chunk
         out = bytearray()
-        while len(self.frames) >= 8:
-            size = int.from_bytes(self.frames[4:8], "big")
-            if size > MAX_FRAME or self.frames[0] not in (0, STREAM_STDOUT, STREAM_STDERR):
-                raise TransportClosed(
-                    f"malformed attach frame (stream {self.frames[0]}, {size} bytes)"
-                )
-            if len(self.frames) < 8 + size:
-                break
-            kind = self.frames[0]
-            payload = self.frames[8 : 8 + size]
-            del self.frames[: 8 + size]
-            if kind == STREAM_STDOUT:
-                out += payload
-            elif kind == STREAM_STDERR:
-                self.err += payload
-                del self.err[:-4096]
+        at = 0  # frames parsed by offset, the buffer cut once: a fork's MiB is ~30 frames
+        with memoryview(frames) as view:
+            while len(frames) - at >= 8:
+                kind = frames[at]
+                size = int.from_bytes(view[at + 4 : at + 8], "big")
+                if size > MAX_FRAME or kind not in (0, STREAM_STDOUT, STREAM_STDERR):
+                    raise TransportClosed(f"malformed attach frame (stream {kind}, {size} bytes)")
+                if len(frames) - at < 8 + size:
+                    break
+                if kind == STREAM_STDOUT:
+                    out += view[at + 8 : at + 8 + size]
+                elif kind == STREAM_STDERR:
+                    self.err += view[at + 8 : at + 8 + size]
+                    del self.err[:-4096]
+                at += 8 + size
+        del frames[:at]
         return bytes(out)
 
     def diagnostics(self) -> str:

@@ -3,10 +3,13 @@
 Why here and not in the engine: a fork is a copy of what the reset wipes (every writable
 place) plus the session shell's state, and both are the helper's to read and write. The
 parent's helper streams one tar of its writable places (bounded like copy_out: bytes by
-the sandbox's writable limit, entries, seconds); the host spools it (never more than that
-bound, on disk past SPOOL_MEMORY) and streams it to each child's helper, which writes it
-as the sandbox user, never through a symlink. The host never parses what the parent
-wrote; each child checks every member itself (sandbox/_helper.py, op_fork_put).
+the sandbox's writable limit, entries, seconds) in frames of 1 MiB; the host passes each
+frame on to every child's helper as it arrives (a few frames queued per child, never the
+archive whole), so the parent's export and the children's writes overlap. Each child
+writes as the sandbox user, never through a symlink. The host never parses what the
+parent wrote; each child checks every member itself (sandbox/_helper.py, op_fork_put).
+When the parent's export fails its bound half-way, the children are told to stop: the
+ones this call opened are closed, the ones it was given are reset (a pool's wipe).
 
 Not carried (docs/sandbox.md, "Fork"): processes (the child's shell is new; `ForkInfo`
 names what was running), fifos, sockets and devices, files the sandbox user cannot read,
@@ -15,8 +18,8 @@ extended attributes and ACLs, System V IPC objects, the kernel keyring, open fds
 
 from __future__ import annotations
 
+import queue
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -28,16 +31,16 @@ from sandbox.base import SandboxError
 
 if TYPE_CHECKING:  # sandbox.common's HelperSandbox.fork calls in here
     from sandbox.common import HelperSandbox
-    from sandbox.protocol import HelperClient
 
-SPOOL_MEMORY = 64 << 20  # a fork archive up to this stays in memory; past it, a temp file
+QUEUE_FRAMES = 4  # frames (1 MiB each) queued on the host per child: what it holds at most
 SHELL_STATE_CAP = 4 << 20  # bytes of shell state (variables, functions, aliases) carried
 SHELL_TIMEOUT_S = 30.0
 MAX_CHILDREN = 64
 ROOTS_BOUND = 8  # writable places a sandbox may have (sandbox/_helper.py, wipe_roots)
 ULIMIT_FLAGS = "cdefilmnqrstuvxR"
 ENTRY_OVERHEAD = 8192  # tar bytes per entry beyond its data (sandbox/common.py, TAR_OVERHEAD)
-FORK_PUT_TIMEOUT_S = 135.0  # a child writing the archive (the file ops' 120 s + slack)
+FORK_PUT_TIMEOUT_S = 135.0  # a child finishing the archive (the file ops' 120 s + slack)
+STALL_S = 60.0  # a child that takes no frame for this long is stalled (it is removed)
 
 # Runs in the parent's session shell: prints umask, ulimits, then a script that recreates
 # the variables (exported or not, arrays, attributes), functions, aliases, traps, options
@@ -87,15 +90,6 @@ class ForkInfo:
         )
 
 
-@dataclass
-class _Snapshot:
-    spool: Any  # SpooledTemporaryFile
-    length: int
-    shell: str
-    info: ForkInfo
-    lock: threading.Lock = field(default_factory=threading.Lock)  # one reader of the spool
-
-
 def writable_bound(box: HelperSandbox) -> int:
     """The most a fork may copy: every writable place full (each is sized tmp_size_mb)."""
     return box.config.limits.tmp_size_mb * (1 << 20) * ROOTS_BOUND
@@ -117,8 +111,10 @@ def fork_sandbox(
     if children is not None and len(children) != n:
         raise ValueError(f"fork: {n} children asked for but {len(children)} sandboxes given")
     t0 = time.perf_counter()
-    snap = snapshot(parent)
+    shell = read_shell(parent)
     opened: list[Any] = []
+    given = list(children or [])
+    streamed = False
     try:
         if children is None:
             open_one = opener or (lambda: type(parent)(parent.config))
@@ -129,17 +125,32 @@ def fork_sandbox(
                 for _ in range(n):
                     children.append(open_one())
             opened = list(children)
-        _parallel([partial(restore, c, snap) for c in children])
+        streamed = True
+        info = stream_files(parent, children)
+        _parallel([partial(replay_shell, c, shell) for c in children])
     except BaseException:
         for c in opened:
             c.close()
+        if streamed:  # given children may be half written: wipe them (or remove them)
+            for c in given:
+                _wipe(c)
         raise
-    finally:
-        snap.spool.close()
-    snap.info.seconds = time.perf_counter() - t0
+    info.seconds = time.perf_counter() - t0
     for c in children:
-        c.fork_info = ForkInfo(**{**snap.info.__dict__})
+        c.fork_info = ForkInfo(**{**info.__dict__})
     return children
+
+
+def _wipe(child: Any) -> None:
+    """A given child a failed fork touched: reset it (a pool's wipe), or remove it."""
+    if child.closed:
+        return
+    try:
+        failed = child.reset()
+    except Exception:  # noqa: BLE001 - then it goes
+        failed = ["reset"]
+    if failed:
+        child.close()
 
 
 def _parallel(jobs: list[Callable[[], Any]]) -> list[Any]:
@@ -169,8 +180,8 @@ def _parallel(jobs: list[Callable[[], Any]]) -> list[Any]:
     return results
 
 
-def snapshot(parent: HelperSandbox) -> _Snapshot:
-    """The parent's shell state and its writable places, spooled on the host."""
+def read_shell(parent: HelperSandbox) -> str:
+    """The script that replays the parent's shell state (DUMP, run in its session shell)."""
     header, _ = parent._helper_call(
         {"op": "exec", "cmd": DUMP, "timeout": SHELL_TIMEOUT_S, "cap": SHELL_STATE_CAP}
     )
@@ -182,7 +193,13 @@ def snapshot(parent: HelperSandbox) -> _Snapshot:
             f"sandbox {parent.name}: its shell state is over {SHELL_STATE_CAP} bytes "
             "(variables, functions, aliases): not forked"
         )
-    shell = shell_script(out)
+    return shell_script(out)
+
+
+def stream_files(parent: HelperSandbox, children: list[Any]) -> ForkInfo:
+    """The parent's writable places into every child: each frame passed on as it arrives
+    (one sender thread per child, QUEUE_FRAMES queued each). The parent's bounds are
+    checked when its export ends; past one, the children are told to stop (ForkError)."""
     limits = parent.copy_limits
     max_bytes = min(writable_bound(parent), limits.max_bytes)
     msg = {
@@ -191,32 +208,110 @@ def snapshot(parent: HelperSandbox) -> _Snapshot:
         "max_entries": limits.max_files,
         "max_seconds": limits.max_seconds,
     }
-    client = parent._check_open()
-    max_total = max_bytes + (limits.max_files + ROOTS_BOUND + 2) * ENTRY_OVERHEAD
-    reply = client.stream(msg, max_total=max_total, deadline_s=limits.max_seconds + 60.0)
-    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY)  # noqa: SIM115 - closed by fork_sandbox
+    uploads = []
     try:
+        for c in children:
+            uploads.append(c._check_open().upload({"op": "fork_put"}))
+    except BaseException:
+        for u in uploads:
+            u.release()
+        for c in children[len(uploads) :]:
+            c.kill()
+        raise
+    senders = [_Sender(c, u) for c, u in zip(children, uploads, strict=True)]
+    failure: BaseException | None = None
+    info = ForkInfo(parent=parent.name)
+    try:
+        max_total = max_bytes + (limits.max_files + ROOTS_BOUND + 2) * ENTRY_OVERHEAD
+        reply = parent._check_open().stream(
+            msg, max_total=max_total, deadline_s=limits.max_seconds + 60.0
+        )
         with parent._consuming(reply, "(its writable places)"):
             for chunk in reply:
-                spool.write(chunk)
-        final = reply.final or {}
-        info = _info(parent.name, final)
-        if info.skipped.get("over_size") or info.skipped.get("over_count"):
-            raise ForkError(
-                f"sandbox {parent.name}: its writable places hold more than a fork copies "
-                f"({max_bytes} bytes, {limits.max_files} entries): not forked"
+                for s in senders:
+                    s.offer(chunk)
+        info = _info(parent.name, reply.final or {})
+        failure = _over_bound(parent, info, max_bytes)
+    except BaseException as e:
+        failure = e
+    for s in senders:
+        s.close()
+    for s in senders:
+        s.finish(abort=failure is not None)
+    if failure is not None:
+        raise failure
+    for s in senders:
+        if s.error is not None:
+            raise s.error
+    return info
+
+
+def _over_bound(parent: HelperSandbox, info: ForkInfo, max_bytes: int) -> ForkError | None:
+    limits = parent.copy_limits
+    if info.skipped.get("over_size") or info.skipped.get("over_count"):
+        return ForkError(
+            f"sandbox {parent.name}: its writable places hold more than a fork copies "
+            f"({max_bytes} bytes, {limits.max_files} entries): not forked"
+        )
+    if info.skipped.get("time_limit"):
+        return ForkError(
+            f"sandbox {parent.name}: reading its writable places took over "
+            f"{limits.max_seconds:g}s: not forked"
+        )
+    return None
+
+
+class _Sender:
+    """One child's side of a fork: a thread sending the frames queued for it."""
+
+    def __init__(self, child: Any, upload: Any) -> None:
+        self.child = child
+        self.upload = upload
+        self.error: BaseException | None = None
+        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUE_FRAMES)
+        self.thread = threading.Thread(target=self._run, name="sandflow-fork-send", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.upload.send(chunk)
+                except BaseException as e:  # noqa: BLE001 - raised by stream_files
+                    self.error = e
+
+    def offer(self, chunk: bytes | None) -> None:
+        """Queue a frame; a child that takes none for STALL_S is removed (its sender then
+        fails at once and empties the queue)."""
+        try:
+            self.queue.put(chunk, timeout=STALL_S)
+        except queue.Full:
+            self.error = self.error or ForkError(
+                f"sandbox {self.child.name}: writing the fork stalled; removed"
             )
-        if info.skipped.get("time_limit"):
-            raise ForkError(
-                f"sandbox {parent.name}: reading its writable places took over "
-                f"{limits.max_seconds:g}s: not forked"
+            self.child.kill()
+            self.queue.put(chunk)
+
+    def close(self) -> None:
+        self.offer(None)
+        self.thread.join()
+
+    def finish(self, *, abort: bool) -> None:
+        """End the child's payload and read its answer; a child that fails is removed."""
+        if self.error is not None:
+            self.upload.release()
+            self.child.kill()
+            return
+        try:
+            header = self.upload.end(abort=abort, timeout=FORK_PUT_TIMEOUT_S)
+        except BaseException as e:  # noqa: BLE001 - raised by stream_files
+            self.error = ForkError(f"sandbox {self.child.name}: writing the fork failed ({e})")
+            self.child.kill()
+            return
+        if not abort and not header.get("ok"):
+            self.error = ForkError(
+                f"sandbox {self.child.name}: fork refused: {str(header.get('error'))[:300]}"
             )
-        length = spool.tell()
-        spool.seek(0)
-    except BaseException:
-        spool.close()
-        raise
-    return _Snapshot(spool, length, shell, info)
 
 
 def _info(parent: str, final: dict[str, Any]) -> ForkInfo:
@@ -260,24 +355,10 @@ def shell_script(dump: str) -> str:
     return "\n".join(lines) + "\n" + script
 
 
-def restore(child: HelperSandbox, snap: _Snapshot) -> None:
-    """Write the parent's places into `child`, then replay its shell state there."""
-    client: HelperClient = child._check_open()
-    snap_len = snap.length
-    # each child reads the spool from the start: one at a time (the spool is one file)
-    with snap.lock:
-        snap.spool.seek(0)
-        try:
-            header, _ = client.request_from(
-                {"op": "fork_put"}, snap.spool, snap_len, timeout=FORK_PUT_TIMEOUT_S
-            )
-        except TimeoutError:
-            child.kill()
-            raise ForkError(f"sandbox {child.name}: writing the fork stalled; removed") from None
-    if not header.get("ok"):
-        raise ForkError(f"sandbox {child.name}: fork refused: {str(header.get('error'))[:300]}")
+def replay_shell(child: HelperSandbox, shell: str) -> None:
+    """Replay the parent's shell state in `child` (after its files are in)."""
     header, _ = child._helper_call(
-        {"op": "exec", "cmd": snap.shell, "timeout": SHELL_TIMEOUT_S, "cap": 4096}
+        {"op": "exec", "cmd": shell, "timeout": SHELL_TIMEOUT_S, "cap": 4096}
     )
     if header.get("exit_code") is None or header.get("timed_out"):
         raise ForkError(f"sandbox {child.name}: the parent's shell state could not be replayed")

@@ -498,6 +498,12 @@ class PooledSandbox:
     def closed(self) -> bool:
         return self._slot is None or bool(self._slot.box.closed)
 
+    def fork(self, n: int = 1, *, children: list[Any] | None = None) -> list[Any]:
+        """The leased sandbox's fork (sandbox/fork.py); `children` may be leases too (a
+        fork into warm sandboxes). Returns the sandboxes written (not leases)."""
+        inner = [c._box() if isinstance(c, PooledSandbox) else c for c in children or []]
+        return list(self._box().fork(n, children=inner if children is not None else None))
+
     def __getattr__(self, name: str) -> Any:  # name, backend, container_id, killed_by_signal...
         slot = self.__dict__.get("_slot")
         if name.startswith("_") or slot is None:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from importlib import resources
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 from sandbox.base import SandboxError
 
@@ -170,7 +170,8 @@ class HelperClient:
         limit = payload_deadline if payload_deadline is not None else deadline + STREAM_IDLE_S
         while len(self.buf) < n:
             self._fill(limit)
-        payload = bytes(self.buf[:n])
+        with memoryview(self.buf) as view:
+            payload = bytes(view[:n])  # one copy (a slice of the bytearray would be two)
         del self.buf[:n]
         return header, payload
 
@@ -242,29 +243,25 @@ class HelperClient:
             self._expect(header, rid)
             return header, body
 
-    def request_from(
-        self, msg: dict[str, Any], src: BinaryIO, length: int, *, timeout: float
-    ) -> tuple[dict[str, Any], bytes]:
-        """`request` with a payload of `length` bytes read from `src` in chunks (a fork's
-        archive, spooled on the host: never held whole)."""
-        with self.lock:
+    def upload(self, msg: dict[str, Any]) -> Upload:
+        """Send a request whose payload follows in chunks of unknown total (a fork's archive,
+        passed on as the parent sends it: the host never holds it whole); the answer is
+        read by `Upload.end`. Holds the channel until then."""
+        self.lock.acquire()
+        try:
             self._next_id += 1
-            rid = self._next_id
-            data = json.dumps({**msg, "id": rid, "len": length}, separators=(",", ":"))
-            try:
-                self.transport.send(data.encode() + b"\n")
-                left = length
-                while left > 0:
-                    chunk = src.read(min(left, 1 << 20))
-                    if not chunk:
-                        raise ValueError(f"the payload ended {left} bytes early")
-                    self.transport.send(chunk)
-                    left -= len(chunk)
-            except (OSError, TransportClosed) as e:
-                raise SandboxError(f"sandbox {self.name}: cannot reach the helper ({e})") from None
-            header, body = self.read_message(time.monotonic() + timeout)
-            self._expect(header, rid)
-            return header, body
+            data = json.dumps({**msg, "id": self._next_id, "chunked": 1}, separators=(",", ":"))
+            self._raw_send(data.encode() + b"\n")
+        except BaseException:
+            self.lock.release()
+            raise
+        return Upload(self, self._next_id)
+
+    def _raw_send(self, data: bytes) -> None:
+        try:
+            self.transport.send(data)
+        except (OSError, TransportClosed) as e:
+            raise SandboxError(f"sandbox {self.name}: cannot reach the helper ({e})") from None
 
     def stream(self, msg: dict[str, Any], *, max_total: int, deadline_s: float) -> StreamReply:
         """Send a request answered by data frames; iterate the returned reply for them."""
@@ -336,6 +333,43 @@ class StreamReply:
     def abandon(self) -> None:
         """Give up on the channel without reading on (the caller removes the sandbox)."""
         self._release()
+
+
+CHUNK_END = (0).to_bytes(4, "big")
+CHUNK_ABORT = (0xFFFFFFFF).to_bytes(4, "big")  # sandbox/_helper.py FORK_ABORT
+
+
+class Upload:
+    """A chunked payload in flight (sandbox/_helper.py ChunkedReader): `send` each chunk,
+    then `end` (or `end(abort=True)`: the helper stops and answers an error)."""
+
+    def __init__(self, client: HelperClient, rid: int) -> None:
+        self.client = client
+        self.rid = rid
+        self._locked = True
+
+    def send(self, chunk: bytes) -> None:
+        if not 0 < len(chunk) < 0xFFFFFFFF:
+            raise ValueError(f"a chunk of {len(chunk)} bytes")
+        self.client._raw_send(len(chunk).to_bytes(4, "big"))
+        self.client._raw_send(chunk)
+
+    def end(self, *, abort: bool = False, timeout: float) -> dict[str, Any]:
+        """The terminator, then the helper's answer; TimeoutError past `timeout`."""
+        c = self.client
+        try:
+            c._raw_send(CHUNK_ABORT if abort else CHUNK_END)
+            header, _ = c.read_message(time.monotonic() + timeout)
+            c._expect(header, self.rid)
+            return header
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Give the channel back (after `end`, or when the sandbox is being removed)."""
+        if self._locked:
+            self._locked = False
+            self.client.lock.release()
 
 
 class SandboxExpiredSignal(Exception):

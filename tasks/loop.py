@@ -251,9 +251,11 @@ class SteppedEpisode:
         sandbox: Sandbox | None = None,
         output_dir: Path | str | None = None,
         prompt_dir: str | None = None,
+        client: ModelClient | None = None,
     ) -> None:
         """`model_cfg` describes the policy for the records (its name and sampling); it is
-        never called. Other arguments as in run_episode (mode is always "sandbox")."""
+        called only by `generate()` (through `client` when given). Other arguments as in
+        run_episode (mode is always "sandbox")."""
         self.limits = limits or Limits()
         self.recorder = recorder or NullRecorder()
         model_cfg = model_cfg or ModelConfig(model="policy")
@@ -261,8 +263,9 @@ class SteppedEpisode:
             task, model_cfg, sandbox_cfg, self.limits, "sandbox", sample_index, run_id, prompt_dir
         )
         self._ep = _Episode(
-            task, model_cfg, prompts, self.limits, record, self.recorder, messages, None, None
+            task, model_cfg, prompts, self.limits, record, self.recorder, messages, None, client
         )
+        self._prompt_dir = prompt_dir
         self._sandbox_cfg = sandbox_cfg
         self._sandbox = sandbox
         self._owned: Sandbox | None = None
@@ -369,6 +372,131 @@ class SteppedEpisode:
             self._ep._collect(self._sandbox, self._output_dir)
         self._ep.finish(self._owned)
         return self.record
+
+    @property
+    def cancel(self) -> CancelCheck | None:
+        """The run's cancel token (as run_episode's `cancel`), checked by `generate()`."""
+        return self._ep.cancel
+
+    @cancel.setter
+    def cancel(self, token: CancelCheck | None) -> None:
+        self._ep.cancel = token
+
+    def shift_clock(self, seconds: float) -> None:
+        """Time the episode waited without running (a tree's branch waiting its turn) is
+        not its own: its wall clock deadline moves on by `seconds`."""
+        if self._ep.deadline is not None and seconds > 0:
+            self._ep.deadline += seconds
+
+    def generate(self) -> ModelReply | None:
+        """The next turn from the episode's own model (`model_cfg`'s endpoint, or the
+        `client`), within the limits as run_episode asks it; None when asking ended the
+        episode (a model error, the context full, the wall clock, cancelled): `done` and
+        `record.termination` say why. Pass the reply to `step`."""
+        if not self._started or self._finished or self.done:
+            raise RuntimeError("SteppedEpisode.generate() needs a started, running episode")
+        try:
+            self._ep.on_event("request", len(self.turns))
+            return self._ep.ask(TOOL_SCHEMAS)
+        except _End as end:
+            self._ep.end(end, self._sandbox)
+            return None
+
+    def open_branches(self, sample_indices: list[int]) -> list[Sandbox]:
+        """The sandboxes a later `fork(sample_indices, boxes=...)` writes into, opened now
+        (e.g. in another thread while this episode runs on: the branch point then costs
+        the copy only), each labelled with its branch's episode. SandboxError on failure."""
+        base = _sandbox_config(self._sandbox_cfg, self.record, self._ep.task)
+        run, task = self.record.run_id, self._ep.task.id
+        return _open_sandboxes(
+            [
+                base.model_copy(update={"episode_id": episode_key(run, task, "sandbox", i)})
+                for i in sample_indices
+            ]
+        )
+
+    def fork(
+        self, sample_indices: list[int], boxes: list[Sandbox] | None = None
+    ) -> list[SteppedEpisode]:
+        """One episode per sample index that continues this one from here: the same
+        history (messages, turns with their token ids, context budget, wall clock left),
+        each in its own fork of this sandbox (sandbox.fork: files and shell state; running
+        processes are not carried, `record.config["fork"]` says which were running). Each is
+        recorded as a new episode whose first `branch_turn` turns are this one's, with
+        lineage kind "fork"; this episode goes on unchanged. `boxes`: from open_branches
+        (else opened now). Raises SandboxError (the sandbox cannot fork, or the fork
+        failed: no child is left open, given boxes included)."""
+        if not self._started or self._finished or self.done or self._sandbox is None:
+            raise RuntimeError("SteppedEpisode.fork() needs a started, running episode")
+        fork = getattr(self._sandbox, "fork", None)
+        if fork is None:
+            raise SandboxError(f"a {type(self._sandbox).__name__} cannot be forked")
+        children = [
+            SteppedEpisode(
+                self._ep.task,
+                self._sandbox_cfg,
+                self.recorder,
+                model_cfg=self._ep.model_cfg,
+                sample_index=index,
+                run_id=self.record.run_id,
+                limits=self.limits,
+                prompt_dir=self._prompt_dir,
+                client=None if self._ep._own_client else self._ep._client,  # ours closes with us
+            )
+            for index in sample_indices
+        ]
+        # each child's sandbox is its own episode's (labels; a warm pool's when reuse=pool)
+        if boxes is None:
+            boxes = self.open_branches(sample_indices)
+        elif len(boxes) != len(sample_indices):
+            raise ValueError(f"fork: {len(sample_indices)} branches but {len(boxes)} sandboxes")
+        try:
+            fork(len(boxes), children=boxes)
+            for child, box in zip(children, boxes, strict=True):
+                child._sandbox = child._owned = box
+                child._continue(self, getattr(box, "fork_info", None))
+        except BaseException:
+            for box in boxes:
+                with contextlib.suppress(Exception):
+                    box.close()
+            raise
+        return children
+
+    def _continue(self, parent: SteppedEpisode, info: Any) -> None:
+        """Start as `parent`'s continuation (fork): its history, its clock, recorded now."""
+        src, ep = parent._ep, self._ep
+        lineage = {
+            "parent_run_id": parent.record.run_id,
+            "parent_episode_id": parent.record.episode_id,
+            "branch_turn": len(src.turns),
+            "branch_kind": "fork",
+        }
+        carried = {
+            "processes_not_carried": list(getattr(info, "processes_not_carried", []))[:5],
+            "process_count": getattr(info, "process_count", 0),
+            "files_bytes": getattr(info, "files_bytes", 0),
+            "seconds": round(getattr(info, "seconds", 0.0), 4),
+        }
+        prefix = EpisodePrefix(
+            prompt_messages=parent.record.prompt_messages,
+            messages=src.messages,
+            turns=src.turns,
+            lineage=lineage,
+            config={"fork": carried},
+        )
+        _take_prefix(ep, prefix)
+        ep.t0, ep.deadline, ep.max_tokens = src.t0, src.deadline, src.max_tokens
+        ep.cancel = src.cancel
+        for tag in ("training_run", "training_step", "policy_version"):  # the same rollout
+            setattr(self.record, tag, getattr(parent.record, tag))
+        self._started = True
+        self.recorder.start_episode(self.record)
+        for turn in ep.turns:
+            self.recorder.record_turn(turn)
+        assert self._sandbox is not None
+        ep.watch_egress(self._sandbox)
+        self._toolbox = ToolBox(self._sandbox, self.limits.max_observation_chars)
+        self._mark = (time.monotonic(), _now())
 
     def _abort(self) -> None:
         """A bug, or the recorder failed: never leak the sandbox."""
@@ -481,6 +609,39 @@ def _sandbox_config(
                 "sandbox_error", f"task {task.id}: metadata.network {str(spec)[:200]!r}: {exc}"
             ) from None
     return cfg.model_copy(update=update)
+
+
+def _open_sandboxes(cfgs: list[SandboxConfig]) -> list[Sandbox]:
+    """One sandbox per config (a fork's children): docker's in parallel, bwrap's in this
+    thread (its --die-with-parent is the starting thread's). SandboxError if one fails
+    (the others are closed)."""
+    import sandbox as sandbox_pkg
+
+    boxes: list[Sandbox] = []
+    errors: list[Exception] = []
+    if len(cfgs) > 1 and all(c.backend == "docker" for c in cfgs):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(cfgs), thread_name_prefix="sandflow-fork-open") as pool:
+            futures = [pool.submit(sandbox_pkg.acquire, c) for c in cfgs]
+        for f in futures:
+            try:
+                boxes.append(f.result())
+            except Exception as exc:  # noqa: BLE001 - raised below, after the closes
+                errors.append(exc)
+    else:
+        for c in cfgs:
+            try:
+                boxes.append(sandbox_pkg.acquire(c))
+            except Exception as exc:  # noqa: BLE001 - raised below, after the closes
+                errors.append(exc)
+                break
+    if not errors:
+        return boxes
+    for box in boxes:
+        with contextlib.suppress(Exception):
+            box.close()
+    raise SandboxError(f"could not open a fork's sandbox: {errors[0]}") from errors[0]
 
 
 def _open_sandbox(cfg: SandboxConfig) -> Sandbox:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -273,3 +274,52 @@ def test_a_chem_symbol_row_scores_its_correct_answer() -> None:
         out = env.step(hermes("submit", {}))
         assert out.done and out.reward == reward, (answer, out.info.get("reward_reason"))
     env.close()
+
+
+def test_fork_gives_k_envs_that_share_the_history_and_branch_apart(tmp_path: Path) -> None:
+    """SandboxEnv.fork(k) (issue #25): the children have the parent's messages, turn count
+    and prefix token ids, its files and shell state, each in its own sandbox; they go on
+    apart (different answers, different rewards) and are recorded with their lineage."""
+    run_id = new_run_id("env-fork")
+    tok = ToyTokenizer()
+    env = SandboxEnv(sandbox=sandbox_cfg(), warehouse=tmp_path, run_id=run_id, durability="flush")
+    history = env.reset(math_task())
+
+    def step(e: SandboxEnv, hist: list, text: str) -> tuple[list, Any]:
+        prompt, completion = tok.render(hist), tok.completion(text, [])
+        lps = [tok.logprob(t, i) for i, t in enumerate(completion)]
+        out = e.step(text, prompt_token_ids=prompt, completion_token_ids=completion, logprobs=lps)
+        return [*hist, {"role": "assistant", "content": text}, *out.observations], out
+
+    shape = "echo 4 > /tmp/part; export HALF=2; cd /testbed/output; sleep 600 &"
+    history, _ = step(env, history, hermes("execute_bash", {"command": shape}))
+    a, b = env.fork(2)
+    assert env.messages == a.messages == b.messages == history
+    assert a.episode is not None and b.episode is not None and env.episode is not None
+    assert len(a.episode.turns) == len(b.episode.turns) == 1
+    ids = lambda e: [(t.prompt_token_ids, t.completion_token_ids) for t in e.episode.turns]  # noqa: E731
+    assert ids(a) == ids(b) == ids(env) and ids(a)[0][0]
+    assert a.fork_info is not None and a.fork_info.process_count == 1  # the sleep: not carried
+    finals = {}
+    for e, write in ((a, "$(cat /tmp/part)$HALF"), (b, "41"), (env, "40")):
+        cmd = f'[ "$PWD" = /testbed/output ] && echo {write} > answer.txt'
+        hist, _ = step(e, history, hermes("execute_bash", {"command": cmd}))
+        _, out = step(e, hist, hermes("submit", {}))
+        assert out.done
+        finals[out.info["episode_id"]] = out.reward
+    parent_id = env.episode.record.episode_id
+    assert sorted(finals.values()) == [0.0, 0.0, 1.0]
+    assert finals[a.episode.record.episode_id] == 1.0  # a saw the parent's file, var and cwd
+    eps = {e["episode_id"]: e for e in read_episodes(tmp_path, run_id)}
+    assert set(eps) == set(finals)
+    for child in (a, b):
+        row = eps[child.episode.record.episode_id]
+        assert (row["parent_episode_id"], row["branch_turn"], row["branch_kind"]) == (
+            parent_id,
+            1,
+            "fork",
+        )
+        assert row["num_turns"] == 3 and row["token_ids_status"] == "exact"
+    assert eps[parent_id]["parent_episode_id"] is None
+    stored = [t for t in read_turns(tmp_path, run_id) if t["turn_index"] == 0]
+    assert len({(tuple(t["prompt_token_ids"]), tuple(t["completion_token_ids"])) for t in stored}) == 1

@@ -35,6 +35,7 @@ def test_the_budget_counts_every_token_of_the_request() -> None:
 
 def test_an_oversized_body_is_refused_before_it_is_buffered() -> None:
     import asyncio
+    import concurrent.futures
 
     from tasks import local_model_app as app_mod
 
@@ -60,6 +61,9 @@ def test_an_oversized_body_is_refused_before_it_is_buffered() -> None:
         scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
         await mw(scope, receive, send)
 
-    asyncio.run(run())
+    # in a thread of its own: a session's Playwright (tests/viewer) keeps an event loop
+    # running in the main thread, where asyncio.run refuses to start
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, run()).result()
     assert not called
     assert sent[0]["status"] == 413 and b"request body over" in sent[1]["body"]

@@ -20,6 +20,8 @@ def test_episodes_reuse_a_reset_sandbox(scripted_model: ScriptedModel) -> None:
 
     cfg = sandbox_config().model_copy(update={"reuse": "pool"})
     seen = []
+    # the pool of this config may have served earlier tests of this process: count from here
+    close_all()  # the pools earlier tests of this process left: this one starts from zero
     try:
         for i in range(2):
             scripted_model.push(
