@@ -103,6 +103,11 @@ with open(out, "w") as f:
 PY
     # A crashed dockerd's containerd can keep a pid file a new one trusts (scripts/setup.sh)
     rm -f "$DIR/exec/containerd/containerd.pid"
+    # Docker 20.10, restarted on a data root whose network store holds its "bridge" network
+    # and with default-address-pools set, deletes the HOST's docker0 (removeDefaultBridgeInterface
+    # names docker0, whatever --bridge says): the first engine then cannot start a bridge
+    # container. Its network store is rebuilt at start instead (it holds no network we keep).
+    rm -rf "$DIR/data/network"
     say "starting dockerd (log: $LOG)"
     # setsid: its own session, so a terminal's Ctrl+C or a test session's end never reaches it
     setsid dockerd \
