@@ -24,6 +24,7 @@ from datagen.calibrate import Band, PolicyRunner, engine_policy
 from datagen.questions import TYPES
 from datagen.synth import SlotOutcome, resolve_structured
 from engine import progress
+from tasks.defaults import DEFAULT_MAX_STEPS
 from tasks.model import ModelConfig, api_key_from_env
 from tasks.pricing import load_prices
 from tasks.spec import RunSpec
@@ -183,7 +184,7 @@ def data_build_job(
     band: str = "auto",
     decontaminate: list[str] | None = None,
     concurrency: int = 4,
-    max_steps: int = 30,
+    max_steps: int = DEFAULT_MAX_STEPS,
     max_tokens: int = 1024,
     calibrate: bool = True,
     build_id: str | None = None,

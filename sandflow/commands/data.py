@@ -18,6 +18,7 @@ from typing import Any
 import typer
 
 from sandflow.errors import EXIT_FAILED, EXIT_USAGE, console, fail
+from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
 
 data_app = typer.Typer(
     name="data",
@@ -275,9 +276,9 @@ def cmd_calibrate(
     samples: int = _SAMPLES,
     band: str = _BAND,
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Episodes at once."),
-    max_steps: int = typer.Option(30, "--max-steps", min=1),
+    max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1),
     max_tokens: int = typer.Option(None, "--max-tokens", min=16),
-    wall_clock_s: float = typer.Option(900.0, "--wall-clock", help="Seconds per episode."),
+    wall_clock_s: float = typer.Option(DEFAULT_WALL_CLOCK_S, "--wall-clock", help="Seconds per episode."),
     build_id: str = _BUILD_ID,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -326,7 +327,7 @@ def cmd_build(
     band: str = _BAND,
     calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate", help="Run the base policy (needs the sandbox)."),
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Generator calls and episodes at once."),
-    max_steps: int = typer.Option(30, "--max-steps", min=1),
+    max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1),
     max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
     domain: str = typer.Option("general", "--domain"),
     build_id: str = _BUILD_ID,
