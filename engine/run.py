@@ -88,15 +88,27 @@ def no_space(exc: BaseException | None) -> bool:
 
 @contextlib.contextmanager
 def hold_run(wh: Any, run_id: str, wait: bool | float = False) -> Iterator[None]:
-    """The run's lock (Warehouse.hold_run, warehouse/runlock.py) for the block;
-    RunLockedError (one sentence naming the holder) if another process holds it."""
+    """The run's lock (Warehouse.hold_run, warehouse/runlock.py) for the block, with
+    what a killed writer of the run left half-written removed first;
+    RunLockedError (one sentence naming the holder) if another process holds it.
+
+    Every writer of a run takes it, before its record says `running` and until after it
+    says how the run ended: engine.run, the rollout server's batches (rl/server.py),
+    `sandflow run`. Readers then tell a live run from one whose process died (kill -9,
+    OOM): `running` with its lock free reads `interrupted` (the `abandoned` column)."""
     from warehouse import RunLocked
 
     try:
-        with wh.hold_run(run_id, wait=wait):
-            yield
+        lock = wh.hold_run(run_id, wait=wait)
+        lock.__enter__()
     except RunLocked as exc:
         raise RunLockedError(str(exc)) from None
+    try:
+        # Half-written temporary files a killed writer of this run left (invisible, on disk).
+        wh.remove_dead_temps(run_id)
+        yield
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def orchestration_overhead(outcomes: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -266,8 +278,6 @@ def run(
     # One run id, one writer (warehouse.runlock): a second process on this run id is
     # refused (or waits), and a kill -9'd holder releases the lock with its death.
     with hold_run(wh, rid, wait=spec.wait_for_lock):
-        # Half-written temporary files a killed writer of this run left (invisible, on disk).
-        wh.remove_dead_temps(rid)
         # The run keeps the exact tasks it ran (warehouse.tasksets): a resumed run goes on
         # with those, even if its source gives other tasks today.
         ran = wh.run_tasks(rid)

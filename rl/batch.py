@@ -248,6 +248,9 @@ class Batch:
         self._active_lock = threading.Lock()
         self._attempts: dict[str, int] = {}
         self.done = False  # the stream sent `done`
+        # the run's lock while the batch writes its run (rl.server: taken before the run is
+        # recorded `running`, released after its end is recorded)
+        self.run_lock = contextlib.ExitStack()
         self._finish_claimed = False
         self.counts = {"ok": 0, "failed": 0, "cancelled": 0}
         self.t0 = time.monotonic()

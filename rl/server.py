@@ -9,7 +9,10 @@ Bound to 127.0.0.1 by default (`sandflow rl serve --host` to change it). Episode
 batches share one bound (`max_concurrency`: sandboxes and model calls at once) and one
 worker thread per slot. A trainer that disconnects cancels its batch: no new episode
 starts, running ones stop and their sandboxes are removed (rl.batch). Every batch is a
-warehouse run (status finished / interrupted / budget_exhausted), compacted at its end.
+warehouse run (status finished / interrupted / budget_exhausted), compacted at its end,
+whose run lock the server holds while it streams (engine.run.hold_run): a server killed
+mid-batch leaves the run reading `interrupted`, and a second writer of the run id is
+refused (409).
 A batch's budget (the request's `budget`, or the server's default) stops it cleanly:
 rl.batch and docs/cost.md.
 
@@ -34,6 +37,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from datasets_prep.rows import RowError
+from engine.plan import RunLockedError
+from engine.run import hold_run
 from rl.batch import Batch, Budget, RolloutRequest
 from sandbox.base import SandboxConfig
 from tasks.loop import Limits
@@ -122,7 +127,9 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
                 status_code=409,
             )
         try:
-            _write_run(state["warehouse"], batch)
+            await anyio.to_thread.run_sync(_start_run, state["warehouse"], batch)
+        except RunLockedError as exc:  # another process writes this run id (names it)
+            return JSONResponse({"error": str(exc)}, status_code=409)
         except Exception as exc:  # nothing has started: the trainer can retry
             return JSONResponse(
                 {"error": f"recording run {batch.run_id!r} in the warehouse failed: {exc}"},
@@ -181,9 +188,25 @@ def _recorder(cfg: ServerConfig) -> tuple[Any, Any]:
     return wh.writer(durability=cfg.durability), wh  # type: ignore[arg-type]
 
 
-def _write_run(wh: Any, batch: Batch) -> None:
+def _start_run(wh: Any, batch: Batch) -> None:
+    """Take the batch's run lock (engine.run.hold_run, as every run's writer does), then
+    record the run `running`. The lock is held until `_finish_run` has recorded how the
+    batch ended: if the server dies first (kill -9, OOM), the kernel frees it and readers
+    see the run `interrupted` (abandoned), never `running` forever. RunLockedError when
+    another process (a second server, `sandflow flows run`) writes this run id."""
     if wh is None:
         return
+    lock = contextlib.ExitStack()
+    lock.enter_context(hold_run(wh, batch.run_id))
+    try:
+        _write_run(wh, batch)
+    except BaseException:
+        lock.close()
+        raise
+    batch.run_lock = lock
+
+
+def _write_run(wh: Any, batch: Batch) -> None:
     req = batch.request
     wh.write_run(
         batch.run_id,
@@ -210,7 +233,8 @@ def _write_run(wh: Any, batch: Batch) -> None:
 
 
 def _finish_run(wh: Any, batch: Batch, finished: bool, compact: bool) -> None:
-    """The batch's run leaves `running` (once, whoever gets here first)."""
+    """The batch's run leaves `running` (once, whoever gets here first), then its lock
+    is released."""
     if wh is None or not batch.claim_finish():
         return
     try:
@@ -223,6 +247,8 @@ def _finish_run(wh: Any, batch: Batch, finished: bool, compact: bool) -> None:
             wh.compact(batch.run_id)
     except Exception as exc:  # the rollouts were delivered; the bookkeeping can be redone
         log.warning("finishing warehouse run %s failed: %s", batch.run_id, exc)
+    finally:
+        batch.run_lock.close()
 
 
 def _validation_message(exc: ValidationError) -> str:
