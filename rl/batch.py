@@ -51,6 +51,7 @@ from engine.retry import EpisodeCancelled, InfraFailure, RetryPolicy, is_retryab
 from rl.groups import Group
 from rl.recording import RolloutRecorder, RolloutTags
 from rl.reward import RewardError, reward_of
+from rl.slots import Slots
 from rl.toolcalls import FORMATS, TextReply, parse_text_tool_calls
 from rl.tree import Branch, BranchSpec, branch_points, grow
 from sandbox.base import SandboxConfig
@@ -176,6 +177,7 @@ class Batch:
         recorder: Recorder,
         executor: ThreadPoolExecutor,
         sandbox: SandboxConfig | None,
+        server_slots: threading.Semaphore | None = None,
         default_limits: Limits,
         warehouse: Any | None = None,
         prompt_dir: str | None = None,
@@ -243,8 +245,9 @@ class Batch:
             if budgets.has_budget(self.budget_spec)
             else None
         )
-        self.active = 0  # episodes holding a sandbox or a model call right now
-        self.peak_active = 0
+        # running episodes (a sandbox driven, one model call at a time): the server's bound
+        # over every batch and this batch's own; a tree's siblings take theirs (rl.slots)
+        self.slots = Slots(server_slots, request.max_concurrency)
         self._active_lock = threading.Lock()
         self._attempts: dict[str, int] = {}
         self.done = False  # the stream sent `done`
@@ -254,6 +257,15 @@ class Batch:
         self._finish_claimed = False
         self.counts = {"ok": 0, "failed": 0, "cancelled": 0}
         self.t0 = time.monotonic()
+
+    @property
+    def active(self) -> int:
+        """Episodes of this batch running right now."""
+        return self.slots.active
+
+    @property
+    def peak_active(self) -> int:
+        return self.slots.peak
 
     def claim_finish(self) -> bool:
         """True once: the caller finishes the batch's run record."""
@@ -327,16 +339,14 @@ class Batch:
 
     @contextlib.contextmanager
     def _holding(self, key: str) -> Iterator[None]:
-        """A job holds a slot: counted as active (the peak kept); what it spent is counted
-        from the warehouse once it ends (the budget)."""
-        with self._active_lock:
-            self.active += 1
-            self.peak_active = max(self.peak_active, self.active)
+        """An episode runs holding a slot (rl.slots: waited for; EpisodeCancelled if the
+        batch is cancelled first); what it spent is counted from the warehouse once it
+        ends (the budget)."""
+        self.slots.take(self.cancel_event, f"episode {key}")
         try:
             yield
         finally:
-            with self._active_lock:
-                self.active -= 1
+            self.slots.give()
             if self.budget is not None:
                 self.budget.episode_ended(key)
 
@@ -358,7 +368,9 @@ class Batch:
             self.episode_ids.add(episode_key(self.run_id, ep.task.id, "sandbox", index))
             return index
 
-        with self._holding(ep.key):  # a tree's spending is counted when it ends
+        # the root's slot; grow gives it back, and each sibling running at once takes its own
+        self.slots.take(self.cancel_event, f"tree {ep.key}")
+        try:
             root = SteppedEpisode(
                 ep.task,
                 self.sandbox,
@@ -372,15 +384,28 @@ class Batch:
             )
             root.cancel = self.cancel_event
             root.start()
-            branches = grow(root, spec, next_index)
+        except BaseException:
+            self.slots.give()
+            raise
+        budget = self.budget
+
+        def on_turn(e: SteppedEpisode, before: int) -> None:  # spend counted as turns land
+            if budget is not None:
+                hook = budget.hook(e.record.episode_id)
+                for turn in e.turns[before:]:
+                    hook("reply", turn)
+
+        def on_end(e: SteppedEpisode) -> None:
+            if budget is not None:
+                budget.episode_ended(e.record.episode_id)
+
+        branches = grow(root, spec, next_index, slots=self.slots, on_turn=on_turn, on_end=on_end)
         attempts = self._attempt_number(ep.key)
         for b in branches:
             b.episode.record.config["attempts"] = attempts
         term = root.record.termination
-        if self.cancel_event.is_set() and any(
-            b.episode.record.termination in ("interrupted", budgets.TERMINATION) for b in branches
-        ):
-            raise EpisodeCancelled(f"tree {ep.key} stopped: {self.cancel_event.reason}")
+        if self.cancel_event.is_set():  # every leaf reported: finished ones with their reward
+            return ep, branches
         if len(branches) == 1 and is_retryable(term):
             raise InfraFailure(f"{ep.label}: {term}", (ep, branches), self.run_id)
         return ep, branches

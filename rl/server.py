@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -73,6 +74,9 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         state["executor"] = ThreadPoolExecutor(
             max_workers=cfg.max_concurrency, thread_name_prefix="rollout"
         )
+        # episodes running at once over every batch (a tree's siblings run on threads of
+        # their own: the pool's size alone no longer bounds them; rl.slots)
+        state["slots"] = threading.BoundedSemaphore(cfg.max_concurrency)
         state["recorder"], state["warehouse"] = _recorder(cfg)
         try:
             yield
@@ -111,6 +115,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
                 recorder=state["recorder"],
                 executor=state["executor"],
                 sandbox=cfg.sandbox,
+                server_slots=state["slots"],
                 default_limits=cfg.limits,
                 warehouse=state["warehouse"],
                 prompt_dir=cfg.prompt_dir,

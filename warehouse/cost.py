@@ -211,15 +211,18 @@ def cost_by_mode(q: Any, run_id: str) -> list[dict[str, Any]]:
     return [dict(zip(cols, row, strict=True)) for row in rel.fetchall()]
 
 
+# A branched episode's turns before its branch_turn are its parent's (a tree's siblings
+# each record the shared prefix): paid once, by the parent, as in `turn_cost`.
 _TOKEN_SUMS = """
-SELECT coalesce(sum(coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0)), 0),
-       coalesce(sum(prompt_tokens) FILTER (WHERE {reported}), 0),
-       coalesce(sum(completion_tokens) FILTER (WHERE {reported}), 0),
-       coalesce(sum(least(coalesce(cached_tokens, 0), prompt_tokens)) FILTER (WHERE {reported}), 0),
-       coalesce(sum(least(coalesce(reasoning_tokens, 0), completion_tokens))
+SELECT coalesce(sum(coalesce(t.prompt_tokens, 0) + coalesce(t.completion_tokens, 0)), 0),
+       coalesce(sum(t.prompt_tokens) FILTER (WHERE {reported}), 0),
+       coalesce(sum(t.completion_tokens) FILTER (WHERE {reported}), 0),
+       coalesce(sum(least(coalesce(t.cached_tokens, 0), t.prompt_tokens)) FILTER (WHERE {reported}), 0),
+       coalesce(sum(least(coalesce(t.reasoning_tokens, 0), t.completion_tokens))
                 FILTER (WHERE {reported}), 0)
-FROM turns WHERE run_id = '{run_id}'
-""".replace("{reported}", "prompt_tokens IS NOT NULL AND completion_tokens IS NOT NULL")
+FROM turns t LEFT JOIN episodes e USING (run_id, episode_id)
+WHERE t.run_id = '{run_id}' AND NOT coalesce(t.turn_index < e.branch_turn, false)
+""".replace("{reported}", "t.prompt_tokens IS NOT NULL AND t.completion_tokens IS NOT NULL")
 
 
 def token_sums(q: Any, run_id: str) -> tuple[int, int, int, int, int]:
@@ -227,6 +230,7 @@ def token_sums(q: Any, run_id: str) -> tuple[int, int, int, int, int]:
     server reported usage: prompt, completion, cached (at most prompt), reasoning (at most
     completion)). tasks.pricing.Price.cost of these sums is the sum of the turns' costs (its
     clamps are per turn here). What a budget counts (engine/budget.py) without reading a
-    single turn's text: one aggregate, not one Python object per turn."""
+    single turn's text: one aggregate, not one Python object per turn. A branch's inherited
+    turns (before its branch_turn) are not counted again: its parent paid them."""
     row = q.execute(_TOKEN_SUMS.format(run_id=check_run_id(run_id))).fetchone()
     return (int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))

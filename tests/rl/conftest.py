@@ -60,7 +60,8 @@ def read_turns(root: Any, run_id: str) -> list[dict[str, Any]]:
 
 @contextmanager
 def rollout_server(
-    wh: Path, reuse: str = "fresh", graceful_s: float | None = None, **config: Any
+    wh: Path, reuse: str = "fresh", graceful_s: float | None = None, max_concurrency: int = 8,
+    **config: Any,
 ) -> Iterator[tuple[str, Any]]:
     """A real rollout server (uvicorn, a thread) on a free port: (its URL, the server).
     graceful_s: streams still open that long after a stop are cut (`serve()` uses 10 s).
@@ -72,7 +73,7 @@ def rollout_server(
 
     cfg = ServerConfig(
         warehouse=wh,
-        max_concurrency=8,
+        max_concurrency=max_concurrency,
         sandbox=SandboxConfig(limits=SandboxLimits(network="none", memory_mb=512), reuse=reuse),
         limits=Limits(max_steps=6, wall_clock_s=120),
         durability="flush",
