@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/fork.py [--rounds 15] [--fresh-rounds 5] [--no-bwrap]
                                         [--no-replay | --replay-only] [--no-tree | --tree-only]
+                                        [--tree-at-once N]
 
 The parent holds 10 MB in 1,000 files (100 folders) plus a shaped shell (exported and
 plain variables, arrays, functions, aliases, options, umask, ulimits, cwd). Figures (p50s):
@@ -15,7 +16,8 @@ plain variables, arrays, functions, aliases, options, umask, ulimits, cwd). Figu
               replay_divergences goal 0 (replay_figures(), its own function)
   tree        leaves per second of a width-4 tree branched at mid-episode (rollout server,
               request.branching) over 4 independent episodes of the same length, scripted
-              model, one episode at a time: tree_speedup goal >= 1.5 (tree_figures())
+              model, one episode at a time: tree_speedup goal >= 1.5 (tree_figures());
+              --tree-at-once N: the tree again with N episodes at once (siblings together)
 The last line printed is one JSON object with every figure.
 """
 
@@ -158,12 +160,14 @@ TREE_THINK_S = 0.15  # the scripted model's time per reply (a real policy takes 
 TREE_STEP = "python3 -c 'print(sum(i*i for i in range(200000)))' >> /testbed/work.log"
 
 
-def tree_figures() -> dict[str, Any]:
+def tree_figures(at_once: int = 0) -> dict[str, Any]:
     """Leaves per second of a width-4 tree branched at mid-episode against 4 independent
     episodes of the same length: one rollout server (real HTTP, Docker with its warm pool,
     a warehouse), the scripted model, one episode at a time (what a saturated server
     sees). Independent, tree, independent, tree: the better of each pair counts (the
-    pool warm for both)."""
+    pool warm for both). `at_once` > 1: then the tree twice more with that many episodes
+    allowed at once (its siblings run together): `tree_at_once_speedup` over the tree
+    run one episode at a time."""
     import tempfile
     import threading
 
@@ -189,7 +193,7 @@ def tree_figures() -> dict[str, Any]:
         default=policy
     ) as model:
         cfg = ServerConfig(
-            warehouse=Path(tmp), max_concurrency=1, durability="flush",
+            warehouse=Path(tmp), max_concurrency=max(1, at_once), durability="flush",
             sandbox=SandboxConfig(run_id="bench-tree", reuse="pool",
                                   limits=SandboxLimits(network="none")),
             limits=Limits(max_steps=TREE_TURNS + 2, wall_clock_s=600),
@@ -207,7 +211,10 @@ def tree_figures() -> dict[str, Any]:
         walls = {}
         with RolloutClient(url) as client:
             plain, tree = ("independent", {"n": TREE_WIDTH}), ("tree", {"n": 1, "branching": branching})
-            for i, (name, extra) in enumerate((plain, tree, plain, tree)):
+            runs = [plain, tree, plain, tree]
+            if at_once > 1:
+                runs += [("tree_at_once", {"n": 1, "branching": branching, "max_concurrency": at_once})] * 2
+            for i, (name, extra) in enumerate(runs):
                 t0 = time.perf_counter()
                 r = client.rollouts({**base, **extra, "run_id": f"bench-tree-{name}-{i}"})
                 walls[name] = min(walls.get(name, 1e9), time.perf_counter() - t0)
@@ -220,8 +227,15 @@ def tree_figures() -> dict[str, Any]:
     print(f"tree    width {TREE_WIDTH} branched at turn {(TREE_TURNS + 1) // 2} of {TREE_TURNS + 1}: "
           f"{lps['tree']:.3f} leaves/s vs {lps['independent']:.3f} for {TREE_WIDTH} independent "
           f"episodes: tree_speedup {speedup:.2f}x (goal >= 1.5)")  # fmt: skip
-    return {"tree_speedup": speedup, "tree_leaves_per_s": lps["tree"],
-            "independent_leaves_per_s": lps["independent"], "tree_pass": speedup >= 1.5}  # fmt: skip
+    out = {"tree_speedup": speedup, "tree_leaves_per_s": lps["tree"],
+           "independent_leaves_per_s": lps["independent"], "tree_pass": speedup >= 1.5}  # fmt: skip
+    if at_once > 1:
+        at = lps["tree_at_once"] / lps["tree"]
+        print(f"tree    the same tree with {at_once} episodes at once (siblings together): "
+              f"{lps['tree_at_once']:.3f} leaves/s, {at:.2f}x the tree run one at a time")  # fmt: skip
+        out |= {"tree_at_once": at_once, "tree_at_once_leaves_per_s": lps["tree_at_once"],
+                "tree_at_once_speedup": at}  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -233,6 +247,8 @@ def main() -> None:
     ap.add_argument("--replay-only", action="store_true", help="only the replay figures")
     ap.add_argument("--no-tree", action="store_true", help="skip the tree figure")
     ap.add_argument("--tree-only", action="store_true", help="only the tree figure")
+    ap.add_argument("--tree-at-once", type=int, default=0, metavar="N",
+                    help="also run the tree with N episodes allowed at once (its siblings together)")
     args = ap.parse_args()
     fig: dict[str, Any] = {"benchmark": "fork"}
     only = args.replay_only or args.tree_only
@@ -257,7 +273,7 @@ def main() -> None:
         for backend in ("docker",) if args.no_bwrap else ("docker", "bwrap"):
             fig.update(replay_figures(backend))
     if not (args.no_tree or args.replay_only):
-        fig.update(tree_figures())
+        fig.update(tree_figures(args.tree_at_once))
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in fig.items()}))
 
 
