@@ -45,7 +45,7 @@ from datasets_prep.rows import RowError, task_from_row
 from datasets_prep.task import Task
 from engine import budget as budgets
 from engine.cancel import CancelToken
-from engine.executors import ThreadExecutor
+from engine.executors import ThreadExecutor, Work
 from engine.plan import EpisodeSpec, plan
 from engine.retry import EpisodeCancelled, InfraFailure, RetryPolicy, is_retryable
 from rl.groups import Group
@@ -484,7 +484,8 @@ class Batch:
         """The engine's fan-out (a thread of its own): every episode's event onto `queue`
         as it ends, then None."""
         try:
-            for ep, res in self.executor.map(self._attempt, self.episodes, (), self.policy, self.cancel_event):
+            work = Work(self._attempt, self.episodes, (), self.policy, self.cancel_event)
+            for ep, res in self.executor.map(work):
                 events = self._events_of(ep, res)
                 loop.call_soon_threadsafe(queue.put_nowait, (ep.task, events))
         finally:
