@@ -375,9 +375,8 @@ class DockerSandbox(HelperSandbox):
             return []
         since = max(since, self._created_at)  # the engine reuses a removed sandbox's address
         policy = egress.policy_of(self.config.limits)
-        return egress.records_for(
-            self.egress, policy, self.egress_address, since, until, self._egress_cursor
-        )
+        window = egress.Window(self.egress_address, since, until, self._egress_cursor)
+        return egress.records_for(self.egress, policy, window)
 
     # files go through the helper: it runs as the sandbox user and sees every tmpfs mount
     def _put_tar(self, dest_dir: str, data: bytes) -> None:

@@ -27,6 +27,7 @@ The API key is a SecretStr: it goes to the Authorization header and nowhere else
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -36,6 +37,7 @@ import re
 import ssl
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -563,10 +565,18 @@ class ModelClient:
         Error messages end up in records and logs, so the key is scrubbed from them.
         """
         try:
-            return self._complete(messages, tools, max_tokens, timeout_s, extra_body)
+            with self.admitted(timeout_s) as left:
+                return self._complete(messages, tools, max_tokens, left, extra_body)
         except ModelError as exc:
             exc.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in exc.args)
             raise
+
+    @contextlib.contextmanager
+    def admitted(self, timeout_s: float | None) -> Iterator[float | None]:
+        """Where a call waits for its turn before it is made: here at once; a subclass may
+        hold it back (engine.slots.LimitedClient: until a model-call slot is free). Yields
+        what is left of `timeout_s` (None: no limit) for the call itself."""
+        yield timeout_s
 
     def _complete(
         self,
