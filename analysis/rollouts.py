@@ -36,6 +36,7 @@ from analysis.token_ids import Detokenize, assemble
 from datasets_prep.task import Task
 from tasks.records import EpisodeRecord, TurnRecord
 from warehouse.rundata import RunData
+from warehouse.schema import EPISODES
 
 OverlongPolicy = Literal["drop", "mask", "keep"]
 
@@ -57,23 +58,29 @@ MESSAGE = pa.struct(
         pa.field("name", pa.string()),
     ]
 )
+
+
+def _episode_columns(*names: str) -> list[pa.Field]:
+    """Columns that are an episode's own, typed as the warehouse stores them
+    (warehouse.schema.EPISODES): one definition of their types."""
+    return [pa.field(name, EPISODES.field(name).type) for name in names]
+
+
+# the reward and the advantages over its group (analysis.advantages), in both exports
+_REWARD = [
+    pa.field("reward", pa.float64()),
+    pa.field("advantage_grpo", pa.float64()),
+    pa.field("advantage_rloo", pa.float64()),
+]
+
 TRAJECTORY_SCHEMA = pa.schema(
     [
-        pa.field("run_id", pa.string()),
-        pa.field("episode_id", pa.string()),
-        pa.field("task_id", pa.string()),
-        pa.field("domain", pa.string()),
-        pa.field("mode", pa.string()),
-        pa.field("sample_index", pa.int32()),
-        pa.field("model", pa.string()),
+        *_episode_columns("run_id", "episode_id", "task_id", "domain", "mode", "sample_index", "model"),
         pa.field("messages", pa.list_(MESSAGE)),
         pa.field("loss_mask", pa.list_(pa.int8())),
-        pa.field("reward", pa.float64()),
-        pa.field("advantage_grpo", pa.float64()),
-        pa.field("advantage_rloo", pa.float64()),
+        *_REWARD,
         pa.field("group_size", pa.int32()),
-        pa.field("termination", pa.string()),
-        pa.field("num_turns", pa.int32()),
+        *_episode_columns("termination", "num_turns"),
         pa.field("seq_tokens", pa.int64()),
         pa.field("overlong", pa.bool_()),
     ]
@@ -81,20 +88,13 @@ TRAJECTORY_SCHEMA = pa.schema(
 
 TOKEN_SCHEMA = pa.schema(
     [
-        pa.field("run_id", pa.string()),
-        pa.field("episode_id", pa.string()),
-        pa.field("task_id", pa.string()),
-        pa.field("mode", pa.string()),
-        pa.field("sample_index", pa.int32()),
+        *_episode_columns("run_id", "episode_id", "task_id", "mode", "sample_index"),
         pa.field("prompt_ids", pa.list_(pa.int32())),
         pa.field("response_ids", pa.list_(pa.int32())),
         pa.field("response_mask", pa.list_(pa.int8())),
         pa.field("logprobs", pa.list_(pa.float64())),
-        pa.field("reward", pa.float64()),
-        pa.field("advantage_grpo", pa.float64()),
-        pa.field("advantage_rloo", pa.float64()),
-        pa.field("termination", pa.string()),
-        pa.field("num_turns", pa.int32()),
+        *_REWARD,
+        *_episode_columns("termination", "num_turns"),
         pa.field("overlong", pa.bool_()),
     ]
 )

@@ -9,7 +9,7 @@ Names are imported lazily so `import datasets_prep` stays cheap.
 
 from __future__ import annotations
 
-from typing import Any
+from datasets_prep.lazy import lazy_exports
 
 _EXPORTS = {
     "Task": "datasets_prep.task",
@@ -26,11 +26,4 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'datasets_prep' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -20,7 +20,7 @@ tasks.loop.DEFAULT_MAX_STEPS / DEFAULT_WALL_CLOCK_S (docs/episodes.md).
 
 from engine.cancel import CancelToken
 from engine.episode import EpisodeOutcome
-from engine.executors import Executor, ThreadExecutor
+from engine.executors import Executor, ThreadExecutor, Work
 from engine.plan import (
     MODES,
     EpisodeSpec,
@@ -50,6 +50,7 @@ __all__ = [
     "RunSpec",
     "ThreadExecutor",
     "WarehouseFullError",
+    "Work",
     "is_retryable",
     "new_run_id",
     "plan",

@@ -1,10 +1,11 @@
 """How a run's episodes fan out: the executor interface and the in-process one.
 
-An executor takes the planned episodes and a job (ONE attempt of one episode: a
-module-level function `job(spec, *args)` that returns the episode's outcome, raises
-engine.retry.InfraFailure when the attempt is worth another, EpisodeCancelled when the
-run was cancelled), applies the run's RetryPolicy, and hands back (episode, outcome or
-the exception of its last attempt) as episodes finish, in any order.
+An executor takes a run's `Work`: the planned episodes and a job (ONE attempt of one
+episode: a module-level function `job(spec, *args)` that returns the episode's outcome,
+raises engine.retry.InfraFailure when the attempt is worth another, EpisodeCancelled
+when the run was cancelled), the run's RetryPolicy and its CancelToken. It applies the
+policy and hands back (episode, outcome or the exception of its last attempt) as
+episodes finish, in any order.
 
 - `ThreadExecutor`: a thread pool in this process (its own, or one shared with other
   runs, e.g. the rollout server's; `max_in_flight` then bounds this run's share).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.cancel import CancelToken
@@ -33,6 +35,28 @@ Job = Callable[..., Any]
 Finished = tuple[EpisodeSpec, Any]  # (episode, its outcome or the exception it ended with)
 
 
+@dataclass(frozen=True)
+class Work:
+    """What a run hands its executor: `job(spec, *args)` for each of `episodes`, retried
+    under `policy`, stopped by `cancel` (see the module docstring)."""
+
+    job: Job
+    episodes: list[EpisodeSpec]
+    args: tuple[Any, ...]
+    policy: RetryPolicy
+    cancel: CancelToken
+
+    def not_started(self, ep: EpisodeSpec) -> EpisodeCancelled:
+        return EpisodeCancelled(f"episode {ep.key} not started: {self.cancel.reason}")
+
+    def attempts(self, ep: EpisodeSpec) -> Any:
+        """Episode `ep` to its end in this thread: its attempts under the policy, none once
+        the run is cancelled."""
+        if self.cancel.is_set():
+            raise self.not_started(ep)
+        return self.policy.call_with_retries(lambda: self.job(ep, *self.args), self.cancel)
+
+
 class Executor(Protocol):
     """Runs a run's episodes; see the module docstring."""
 
@@ -41,14 +65,7 @@ class Executor(Protocol):
         """Do the episodes run in this process (so a warm pool started here serves them)?"""
         ...
 
-    def map(
-        self,
-        job: Job,
-        episodes: list[EpisodeSpec],
-        args: tuple[Any, ...],
-        policy: RetryPolicy,
-        cancel: CancelToken,
-    ) -> Iterator[Finished]: ...
+    def map(self, work: Work) -> Iterator[Finished]: ...
 
 
 class ThreadExecutor:
@@ -65,33 +82,21 @@ class ThreadExecutor:
     def in_process(self) -> bool:
         return True
 
-    def map(
-        self,
-        job: Job,
-        episodes: list[EpisodeSpec],
-        args: tuple[Any, ...],
-        policy: RetryPolicy,
-        cancel: CancelToken,
-    ) -> Iterator[Finished]:
+    def map(self, work: Work) -> Iterator[Finished]:
         own = self.pool is None
         pool = self.pool or ThreadPoolExecutor(self.max_workers, thread_name_prefix="sandflow-episode")
-        queue = list(reversed(episodes))
+        queue = list(reversed(work.episodes))
         running: dict[Future[Any], EpisodeSpec] = {}
-
-        def one(ep: EpisodeSpec) -> Any:
-            if cancel.is_set():
-                raise EpisodeCancelled(f"episode {ep.key} not started: {cancel.reason}")
-            return policy.call_with_retries(lambda: job(ep, *args), cancel)
-
+        cancel = work.cancel
         clean = False
         try:
             while queue or running:
                 while queue and len(running) < self.max_in_flight and not cancel.is_set():
                     ep = queue.pop()
-                    running[pool.submit(one, ep)] = ep
+                    running[pool.submit(work.attempts, ep)] = ep
                 if not running:  # cancelled with episodes never submitted
                     for ep in reversed(queue):
-                        yield ep, EpisodeCancelled(f"episode {ep.key} not started: {cancel.reason}")
+                        yield ep, work.not_started(ep)
                     queue.clear()
                     break
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)

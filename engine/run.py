@@ -41,7 +41,7 @@ from engine import budget as budgets
 from engine import progress
 from engine.cancel import CancelToken, registered
 from engine.episode import EpisodeOutcome, attempt
-from engine.executors import Executor, ThreadExecutor
+from engine.executors import Executor, ThreadExecutor, Work
 from engine.plan import (
     MODES,
     EpisodeSpec,
@@ -371,7 +371,7 @@ def _execute(
                 # reached already (a resume with the same budget): nothing starts
                 budget = budgets.start(spec, token)
                 args = (spec,) if global_limit is None else (spec, global_limit)
-                results = executor.map(job, pending, args, policy, token)
+                results = executor.map(Work(job, pending, args, policy, token))
                 try:
                     for ep, res in results:
                         if isinstance(res, EpisodeCancelled):

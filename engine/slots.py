@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from tasks.model import ModelClient, ModelConfig, ModelError, ModelReply
+from tasks.model import ModelClient, ModelConfig, ModelError
 
 SANDBOX_LIMIT = "sandflow-sandboxes"
 MODEL_LIMIT = "sandflow-model-calls"
@@ -89,27 +89,21 @@ class LimitedClient(ModelClient):
         self.max_calls = max_calls
         self.global_limit = global_limit
 
-    def complete(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict] | None = None,
-        max_tokens: int | None = None,
-        timeout_s: float | None = None,
-        extra_body: dict[str, Any] | None = None,
-    ) -> ModelReply:
-        """The call, once a model-call slot is free; the wait counts against `timeout_s`
-        (the episode's time left), so a run with few slots and many episodes cannot keep
-        an episode waiting past its wall clock."""
+    @contextlib.contextmanager
+    def admitted(self, timeout_s: float | None) -> Iterator[float | None]:
+        """A call waits for a model-call slot; the wait counts against `timeout_s` (the
+        episode's time left), so a run with few slots and many episodes cannot keep an
+        episode waiting past its wall clock."""
         t0 = time.monotonic()
-        try:
-            with slot("model", self.max_calls, MODEL_LIMIT, timeout_s, self.global_limit):
-                left = None if timeout_s is None else timeout_s - (time.monotonic() - t0)
-                return super().complete(messages, tools, max_tokens, left, extra_body)
-        except SlotTimeout as exc:
-            raise ModelError(
-                f"waited {time.monotonic() - t0:.1f}s for a model-call slot "
-                f"(--max-model-calls {self.max_calls}), all held by other episodes: {exc}"
-            ) from None
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(slot("model", self.max_calls, MODEL_LIMIT, timeout_s, self.global_limit))
+            except SlotTimeout as exc:
+                raise ModelError(
+                    f"waited {time.monotonic() - t0:.1f}s for a model-call slot "
+                    f"(--max-model-calls {self.max_calls}), all held by other episodes: {exc}"
+                ) from None
+            yield None if timeout_s is None else timeout_s - (time.monotonic() - t0)
 
 
 _clients: dict[tuple[str, int | None, Any], LimitedClient] = {}

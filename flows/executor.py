@@ -14,9 +14,8 @@ from typing import Any
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from engine.cancel import CancelToken
+from engine.executors import Work
 from engine.plan import EpisodeSpec
-from engine.retry import RetryPolicy
 from flows.episode import make_episode_task
 
 
@@ -86,18 +85,12 @@ class PrefectExecutor:
     def in_process(self) -> bool:
         return in_process_runner()
 
-    def map(
-        self,
-        job: Callable[..., Any],
-        episodes: list[EpisodeSpec],
-        args: tuple[Any, ...],
-        policy: RetryPolicy,
-        cancel: CancelToken,
-    ) -> Iterator[tuple[EpisodeSpec, Any]]:
+    def map(self, work: Work) -> Iterator[tuple[EpisodeSpec, Any]]:
         from prefect.exceptions import TerminationSignal
         from prefect.futures import as_completed
 
-        task = make_episode_task(policy)
+        episodes, args, cancel = work.episodes, work.args, work.cancel
+        task = make_episode_task(work.policy)
         wrap = _quote_for_runner()
         futures: dict[Any, EpisodeSpec] = {}  # submitted, not yet handed back (waited for on a stop)
         clean = False

@@ -14,8 +14,7 @@ policy version. Imports are lazy: `import rl` pulls in neither docker nor FastAP
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from datasets_prep.lazy import lazy_exports
 
 _EXPORTS = {
     "SandboxEnv": "rl.env",
@@ -30,10 +29,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rl' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

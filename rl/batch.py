@@ -45,7 +45,7 @@ from datasets_prep.rows import RowError, task_from_row
 from datasets_prep.task import Task
 from engine import budget as budgets
 from engine.cancel import CancelToken
-from engine.executors import ThreadExecutor
+from engine.executors import ThreadExecutor, Work
 from engine.plan import EpisodeSpec, plan
 from engine.retry import EpisodeCancelled, InfraFailure, RetryPolicy, is_retryable
 from rl.groups import Group
@@ -213,18 +213,12 @@ class Batch:
         self.episodes: list[EpisodeSpec] = plan(self.tasks, self.run_id, "sandbox", request.n)
         self.episode_ids: set[str] = {ep.key for ep in self.episodes}
         self.recorder = RolloutRecorder(recorder, request.tags(), self._cancelled)
+        # Endpoint and Sampling name their fields as ModelConfig does (the key is left out
+        # of dumps, `extra` is the request body's extras)
         self.model_cfg = ModelConfig(
-            model=request.endpoint.model,
-            base_url=request.endpoint.base_url,
+            **request.endpoint.model_dump(),
             api_key=request.endpoint.api_key,
-            temperature=request.sampling.temperature,
-            top_p=request.sampling.top_p,
-            max_tokens=request.sampling.max_tokens,
-            logprobs=request.sampling.logprobs,
-            return_token_ids=request.sampling.return_token_ids,
-            request_timeout_s=request.endpoint.request_timeout_s,
-            max_retries=request.endpoint.max_retries,
-            retry_window_s=request.endpoint.retry_window_s,
+            **request.sampling.model_dump(exclude={"extra"}),
             extra_body=request.sampling.extra,
         )
         self.client = TextToolClient(self.model_cfg, request.tool_call_format)
@@ -318,14 +312,9 @@ class Batch:
         with self._holding(ep.key):
             result = run_episode(
                 ep.task,
-                self.model_cfg,
-                self.sandbox,
-                self.recorder,
-                sample_index=ep.sample_index,
-                run_id=self.run_id,
-                limits=self.limits,
-                client=self.client,
-                prompt_dir=self.prompt_dir,
+                sandbox_cfg=self.sandbox,
+                recorder=self.recorder,
+                **self._episode_args(ep),
                 cancel=self.cancel_event,
                 on_event=self.budget.hook(ep.key) if self.budget is not None else None,
             )
@@ -336,6 +325,11 @@ class Batch:
         if is_retryable(result.record.termination):
             raise InfraFailure(f"{ep.label}: {result.record.termination}", (ep, result), self.run_id)
         return ep, result
+
+    def _episode_args(self, ep: EpisodeSpec) -> dict[str, Any]:
+        """What every episode of the batch runs with, a plain one and a tree's root alike."""
+        return dict(model_cfg=self.model_cfg, sample_index=ep.sample_index, run_id=self.run_id,
+                    limits=self.limits, client=self.client, prompt_dir=self.prompt_dir)
 
     @contextlib.contextmanager
     def _holding(self, key: str) -> Iterator[None]:
@@ -371,17 +365,7 @@ class Batch:
         # the root's slot; grow gives it back, and each sibling running at once takes its own
         self.slots.take(self.cancel_event, f"tree {ep.key}")
         try:
-            root = SteppedEpisode(
-                ep.task,
-                self.sandbox,
-                self.recorder,
-                model_cfg=self.model_cfg,
-                sample_index=ep.sample_index,
-                run_id=self.run_id,
-                limits=self.limits,
-                prompt_dir=self.prompt_dir,
-                client=self.client,
-            )
+            root = SteppedEpisode(ep.task, self.sandbox, self.recorder, **self._episode_args(ep))
             root.cancel = self.cancel_event
             root.start()
         except BaseException:
@@ -528,7 +512,8 @@ class Batch:
         """The engine's fan-out (a thread of its own): every episode's event onto `queue`
         as it ends, then None."""
         try:
-            for ep, res in self.executor.map(self._attempt, self.episodes, (), self.policy, self.cancel_event):
+            work = Work(self._attempt, self.episodes, (), self.policy, self.cancel_event)
+            for ep, res in self.executor.map(work):
                 events = self._events_of(ep, res)
                 loop.call_soon_threadsafe(queue.put_nowait, (ep.task, events))
         finally:

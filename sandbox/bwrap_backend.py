@@ -437,9 +437,8 @@ class BwrapSandbox(HelperSandbox):
             return []
         since = max(since, self._created_at)
         policy = egress.policy_of(self.config.limits)
-        return egress.read_records(
-            self.egress, policy, self.egress_address, since, until, self._egress_cursor
-        )
+        window = egress.Window(self.egress_address, since, until, self._egress_cursor)
+        return egress.read_records(self.egress, policy, window)
 
 
 # What Docker masks in /proc, where this kernel has it: /proc/keys lists the descriptions

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from sandbox import egress, netns, reaper, registry
@@ -29,7 +30,7 @@ from sandbox.deadline import bounded
 from sandbox.engine import docker_client, ensure_image
 from sandbox.labels import make_labels
 from sandbox.protocol import BOOT_ARGV, TransportClosed
-from sandbox.usage import ResourceUsage, from_docker_stats
+from sandbox.usage import ResourceUsage, cgroup_dirs, from_cgroup_dirs, from_docker_stats
 
 STREAM_STDOUT = 1
 STREAM_STDERR = 2
@@ -127,6 +128,8 @@ class DockerSandbox(HelperSandbox):
         self.api = self.client.api
         self.image = config.image or _default_tag()
         self.container_id = ""
+        self._cgroup_for = ""  # the container whose cgroup directories are `_cgroups`
+        self._cgroups: dict[str, Path] = {}
         self._holder: netns.Holder | None = None
         self.egress: egress.Endpoint | None = None  # network allowlist/open: its proxy
         self.egress_address = ""  # this sandbox's address on the egress network
@@ -182,9 +185,19 @@ class DockerSandbox(HelperSandbox):
         return config
 
     def _usage_now(self) -> ResourceUsage:
-        """The container's cgroup counters through the engine (one shot, ~10 ms)."""
+        """The container's cgroup counters: its cgroup files when this host has them
+        (sandbox/usage.py), else the engine's stats (0-1 s: its next collection tick)."""
         if not self.container_id:
             return ResourceUsage()
+        if self._cgroup_for != self.container_id:
+            self._cgroup_for = self.container_id
+            try:
+                pid = self.api.inspect_container(self.container_id)["State"]["Pid"]
+            except Exception:  # gone, or an answer without a pid: the stats API decides
+                pid = 0
+            self._cgroups = cgroup_dirs(pid, self.container_id) if isinstance(pid, int) and pid > 0 else {}
+        if self._cgroups:
+            return from_cgroup_dirs(self._cgroups)
         return from_docker_stats(self.api.stats(self.container_id, stream=False, one_shot=True))
 
     def _host_pids(self) -> int:
@@ -362,9 +375,8 @@ class DockerSandbox(HelperSandbox):
             return []
         since = max(since, self._created_at)  # the engine reuses a removed sandbox's address
         policy = egress.policy_of(self.config.limits)
-        return egress.records_for(
-            self.egress, policy, self.egress_address, since, until, self._egress_cursor
-        )
+        window = egress.Window(self.egress_address, since, until, self._egress_cursor)
+        return egress.records_for(self.egress, policy, window)
 
     # files go through the helper: it runs as the sandbox user and sees every tmpfs mount
     def _put_tar(self, dest_dir: str, data: bytes) -> None:

@@ -169,26 +169,8 @@ def _reinstall_rules(bridge: str, gateway: str, port: int) -> None:
     """Rules of an older layout (set up by an earlier version) replaced in order, with no
     moment where the bridge is open: a blanket refusal goes first and leaves last."""
     guards = [
-        [
-            "iptables",
-            "INPUT",
-            "-i",
-            bridge,
-            "-j",
-            "REJECT",
-            "--reject-with",
-            "icmp-admin-prohibited",
-        ],
-        [
-            "iptables",
-            "DOCKER-USER",
-            "-i",
-            bridge,
-            "-j",
-            "REJECT",
-            "--reject-with",
-            "icmp-admin-prohibited",
-        ],
+        ["iptables", chain, "-i", bridge, "-j", "REJECT", "--reject-with", "icmp-admin-prohibited"]
+        for chain in ("INPUT", "DOCKER-USER")
     ]
     for tool, chain, *spec in guards:
         _run([tool, "-I", chain, "1", *spec])
@@ -567,20 +549,28 @@ class LogCursor:
         return cursor
 
 
-def read_records(
-    endpoint: Endpoint,
-    policy: EgressPolicy,
-    client: str,
-    since: float,
-    until: float | None = None,
-    cursor: LogCursor | None = None,
-) -> list[EgressRecord]:
-    """The requests of address `client` logged in [since, until) (squid writes a line when a
-    request ends; a tunnel still open is not there yet). From `cursor` on, else the last
-    MAX_LOG_BYTES; the cursor moves past the lines logged before `since`, so a caller's
-    `since` must never go back (the episode loop's moves forward turn by turn). At most
-    MAX_LOG_BYTES read and MAX_RECORDS returned per call."""
+@dataclass(frozen=True)
+class Window:
+    """What one read of the shared logs is after: the lines of address `client` that
+    ended in [since, until), read from `cursor` on (None: the log's last MAX_LOG_BYTES).
+    The cursor moves past the lines logged before `since`, so a caller's `since` must
+    never go back (the episode loop's moves forward turn by turn)."""
+
+    client: str
+    since: float
+    until: float | None = None
+    cursor: LogCursor | None = None
+
+    def holds(self, r: EgressRecord) -> bool:
+        return r.client == self.client and (self.until is None or r.time < self.until)
+
+
+def read_records(endpoint: Endpoint, policy: EgressPolicy, window: Window) -> list[EgressRecord]:
+    """The proxy's requests in `window` (squid writes a line when a request ends; a tunnel
+    still open is not there yet). At most MAX_LOG_BYTES read and MAX_RECORDS returned per
+    call."""
     path = endpoint.state_dir / "access.log"
+    cursor = window.cursor
     if cursor is not None:
         start, whole = cursor.pos, True
     else:  # no cursor: the log's last MAX_LOG_BYTES (its first line may be cut)
@@ -595,10 +585,10 @@ def read_records(
     out, pos = log_tail.read_since(
         path,
         start,
-        since=since,
+        since=window.since,
         parse=parse,
         time_of=lambda r: r.time,
-        keep=lambda r: r.client == client and (until is None or r.time < until),
+        keep=window.holds,
         max_bytes=MAX_LOG_BYTES,
         max_records=MAX_RECORDS,
         from_line_start=whole,
@@ -608,22 +598,17 @@ def read_records(
     return out
 
 
-def firewall_records(
-    endpoint: Endpoint,
-    client: str,
-    since: float,
-    until: float | None = None,
-    cursor: LogCursor | None = None,
-) -> list[EgressRecord]:
-    """The direct connections of address `client` that the host firewall refused in
-    [since, until) (docker backend), as denied records: protocol in `method`, the address
-    and port tried in `host` / `port`, the packet's length in `bytes_out`."""
+def firewall_records(endpoint: Endpoint, window: Window) -> list[EgressRecord]:
+    """The direct connections in `window` that the host firewall refused (docker backend),
+    as denied records: protocol in `method`, the address and port tried in `host` /
+    `port`, the packet's length in `bytes_out`."""
     if not endpoint.network.startswith(NETWORK_PREFIX):
         return []  # not a docker egress network: no firewall of ours in front of it
     bridge = BRIDGE_PREFIX + endpoint.network[len(NETWORK_PREFIX) :]
+    cursor = window.cursor
     at = [cursor.firewall_pos if cursor is not None else 0]
     found = egress_firewall.read(
-        egress_firewall.log_path(state_root()), bridge, client, since, until, at
+        egress_firewall.log_path(state_root()), bridge, window.client, window.since, window.until, at
     )
     if cursor is not None:
         cursor.firewall_pos = at[0]
@@ -647,18 +632,11 @@ def firewall_records(
     ]
 
 
-def records_for(
-    endpoint: Endpoint,
-    policy: EgressPolicy,
-    client: str,
-    since: float,
-    until: float | None = None,
-    cursor: LogCursor | None = None,
-) -> list[EgressRecord]:
-    """Everything address `client` tried in [since, until): the proxy's requests and the
-    firewall's refusals, in time order."""
-    found = read_records(endpoint, policy, client, since, until, cursor)
-    found += firewall_records(endpoint, client, since, until, cursor)
+def records_for(endpoint: Endpoint, policy: EgressPolicy, window: Window) -> list[EgressRecord]:
+    """Everything tried in `window`: the proxy's requests and the firewall's refusals, in
+    time order."""
+    found = read_records(endpoint, policy, window)
+    found += firewall_records(endpoint, window)
     return sorted(found, key=lambda r: r.time)[:MAX_RECORDS]
 
 

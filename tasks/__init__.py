@@ -6,7 +6,7 @@ package (e.g. for `sandflow --help`) does not pull in the openai SDK.
 
 from __future__ import annotations
 
-from typing import Any
+from datasets_prep.lazy import lazy_exports
 
 __all__ = ["EpisodeResult", "Limits", "ModelClient", "ModelConfig", "run_episode"]
 
@@ -18,10 +18,4 @@ _HOME = {
     "ModelClient": "tasks.model",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        import importlib
-
-        return getattr(importlib.import_module(_HOME[name]), name)
-    raise AttributeError(f"module 'tasks' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _HOME)

@@ -60,8 +60,9 @@ Layout and file-level guarantees: see warehouse.layout; schemas: warehouse.schem
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from datasets_prep.lazy import lazy_exports
 
 # Where a warehouse lives unless told otherwise: THE one place this default is written.
 DEFAULT_ROOT = "warehouse_data"
@@ -115,11 +116,7 @@ if TYPE_CHECKING:
     from warehouse.writer import EpisodeWriter
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'warehouse' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [

@@ -32,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.pricing import PriceTable, load_prices
+from tasks.pricing import Price, PriceTable, load_prices
 from warehouse.schema import check_run_id
 
 log = logging.getLogger(__name__)
@@ -41,10 +41,9 @@ RUN_PRICES_SCHEMA = pa.schema(
     [
         pa.field("run_id", pa.string()),
         pa.field("model", pa.string()),
-        pa.field("input_per_m", pa.float64()),
-        pa.field("cached_input_per_m", pa.float64()),
-        pa.field("output_per_m", pa.float64()),
-        pa.field("reasoning_per_m", pa.float64()),
+        # one column per rate of tasks.pricing.Price (input, cached_input, output,
+        # reasoning: the order of Price.rates), USD per million tokens
+        *(pa.field(f"{rate}_per_m", pa.float64()) for rate in Price.model_fields),
         pa.field("price_source", pa.string()),  # run (recorded) | session (handed in)
     ]
 )

@@ -1,9 +1,10 @@
 """Scores and sandbox-usage labels: rows the flows' score/usage steps write.
 
-Each `write_scores` / `write_usage` call writes one batch file (atomically). Re-scoring is
-idempotent at read time: for each (episode_id, verifier) the views keep only the rows of
-the newest batch, and for each (episode_id, labeler) the newest usage batch, so a re-run
-of a verifier or a labeler replaces its earlier answer, even if it now emits fewer rows.
+Each `write_labels` call (Warehouse.write_scores / write_usage) writes one batch file
+(atomically). Re-scoring is idempotent at read time: for each (episode_id, verifier) the
+views keep only the rows of the newest batch, and for each (episode_id, labeler) the newest
+usage batch, so a re-run of a verifier or a labeler replaces its earlier answer, even if it
+now emits fewer rows.
 
 A score names the recording attempt it judged (`episode_write_id`, the episode row's
 write_id). When the episode is recorded again (a resumed run re-running it), the old score
@@ -15,6 +16,7 @@ that do not know it) are stale when scored before the episode's current row was 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -84,70 +86,62 @@ def _one_run(rows: list[Any], what: str) -> str:
     return check_run_id(runs.pop())
 
 
-def _write_batch(
-    layout: Layout,
-    table: str,
-    items: list[Any],
-    row: Callable[[Any], dict[str, Any]],
-    *,
-    stamp: tuple[str, datetime | None],
-) -> Path:
-    """One run's label rows as a new batch file of `table` (`row`: an item's columns, its
-    model's own fields where they are stored as they are): every row carries the batch id
-    and the time in the column `stamp` names (given, or now). Scores and usage labels are
-    both written so; the views keep the newest batch."""
-    run_id = _one_run(items, table)
-    batch_id = new_id()
-    column, at = stamp
-    ts = utc(at) or now_utc()
-    rows = [{**row(r), "batch_id": batch_id, column: ts} for r in items]
-    return write_parquet_atomic(rows_table(table, rows), layout.batch_file(table, run_id, batch_id))
+def _score_columns(r: ScoreRow) -> dict[str, Any]:
+    """A score's stored columns: the ground truth as text (JSON unless it is text), the
+    details as JSON with secrets scrubbed."""
+    return {
+        **r.model_dump(exclude={"ground_truth", "details"}),
+        "ground_truth": None
+        if r.ground_truth is None
+        else (r.ground_truth if isinstance(r.ground_truth, str) else dumps(r.ground_truth)),
+        "details": dumps(scrub(r.details)) if r.details else None,
+    }
 
 
-def write_scores(
-    layout: Layout,
-    rows: Iterable[ScoreRow | Mapping[str, Any]],
-    *,
-    scored_at: datetime | None = None,
-) -> Path | None:
-    """Store score rows (one run per call); returns the batch file, None if no rows."""
-    items: list[ScoreRow] = _coerce(ScoreRow, rows, "scores")
-    if not items:
-        return None
-    return _write_batch(
-        layout,
-        "scores",
-        items,
-        lambda r: {
-            **r.model_dump(exclude={"ground_truth", "details"}),
-            "ground_truth": None
-            if r.ground_truth is None
-            else (r.ground_truth if isinstance(r.ground_truth, str) else dumps(r.ground_truth)),
-            "details": dumps(scrub(r.details)) if r.details else None,
-        },
-        stamp=("scored_at", scored_at),
-    )
-
-
-def write_usage(
-    layout: Layout,
-    rows: Iterable[UsageRow | Mapping[str, Any]],
-    *,
-    labeled_at: datetime | None = None,
-) -> Path | None:
-    """Store usage labels (one run per call); returns the batch file, None if no rows."""
-    items: list[UsageRow] = _coerce(UsageRow, rows, "usage")
-    if not items:
-        return None
+def _check_capabilities(items: list[UsageRow]) -> None:
     for i, r in enumerate(items):
         if r.capability not in CAPABILITIES:
             raise ValueError(
                 f"usage row {i}: capability {r.capability!r} is not one of {', '.join(CAPABILITIES)}"
             )
-    return _write_batch(
-        layout,
-        "usage",
-        items,
-        lambda r: r.model_dump(),
-        stamp=("labeled_at", labeled_at),
-    )
+
+
+@dataclass(frozen=True)
+class _Labels:
+    """A kind of label rows: its table, its row model, how a row is stored, the column
+    that holds the batch's time, and what else a row must satisfy."""
+
+    table: str
+    model: type[BaseModel]
+    columns: Callable[[Any], dict[str, Any]]
+    stamp: str
+    check: Callable[[list[Any]], None] | None = None
+
+
+KINDS: dict[str, _Labels] = {
+    "scores": _Labels("scores", ScoreRow, _score_columns, "scored_at"),
+    "usage": _Labels("usage", UsageRow, lambda r: r.model_dump(), "labeled_at", _check_capabilities),
+}
+
+
+def write_labels(
+    layout: Layout,
+    kind: str,
+    rows: Iterable[BaseModel | Mapping[str, Any]],
+    at: datetime | None = None,
+) -> Path | None:
+    """Store one run's label rows of `kind` ("scores" or "usage") as a new batch file of
+    its table (atomically); returns the file, None if no rows. Every row carries the batch
+    id and the time `at` (default now) in the kind's stamp column; the views keep the
+    newest batch."""
+    labels = KINDS[kind]
+    items = _coerce(labels.model, rows, labels.table)
+    if not items:
+        return None
+    if labels.check is not None:
+        labels.check(items)
+    run_id = _one_run(items, labels.table)
+    batch_id = new_id()
+    ts = utc(at) or now_utc()
+    out = [{**labels.columns(r), "batch_id": batch_id, labels.stamp: ts} for r in items]
+    return write_parquet_atomic(rows_table(labels.table, out), layout.batch_file(labels.table, run_id, batch_id))

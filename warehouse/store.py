@@ -23,7 +23,7 @@ from warehouse.compact import CompactionResult, compact_run
 from warehouse.convert import episode_record, turn_record
 from warehouse.dataitems import write_data_items
 from warehouse.journal import Durability
-from warehouse.labels import ScoreRow, UsageRow, write_scores, write_usage
+from warehouse.labels import ScoreRow, UsageRow, write_labels
 from warehouse.layout import Layout
 from warehouse.query import RunNotFound, WarehouseError, WarehouseNotFound, WarehouseQuery
 from warehouse.recovery import Orphan, find_orphans, recover_orphans
@@ -96,7 +96,7 @@ class Warehouse:
     def write_scores(
         self, rows: Iterable[ScoreRow | Mapping[str, Any]], *, scored_at: datetime | None = None
     ) -> Path | None:
-        return write_scores(self.layout, rows, scored_at=scored_at)
+        return write_labels(self.layout, "scores", rows, scored_at)
 
     def write_data_items(
         self, build_id: str, stage: str, items: Iterable[Mapping[str, Any]], *, stage_key: str | None = None
@@ -107,7 +107,7 @@ class Warehouse:
     def write_usage(
         self, rows: Iterable[UsageRow | Mapping[str, Any]], *, labeled_at: datetime | None = None
     ) -> Path | None:
-        return write_usage(self.layout, rows, labeled_at=labeled_at)
+        return write_labels(self.layout, "usage", rows, labeled_at)
 
     # ---- resume ----------------------------------------------------------------------
     def _has_episode_files(self, run_id: str) -> bool:

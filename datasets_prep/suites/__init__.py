@@ -11,9 +11,11 @@ Debian's python3.11-doc); nothing is downloaded at run time.
 
 from __future__ import annotations
 
+import importlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from datasets_prep.task import Task, TaskSet
 
@@ -27,40 +29,11 @@ class Suite:
     build: Callable[[int, int], list[Task]]
 
 
-def _math(seed: int, size: int) -> list[Task]:
-    from datasets_prep.suites import math
-
-    return math.build(seed, size)
-
-
-def _long(seed: int, size: int) -> list[Task]:
-    from datasets_prep.suites import long_context
-
-    return long_context.build(seed, size)
-
-
-def _instruct(seed: int, size: int) -> list[Task]:
-    from datasets_prep.suites import instruct
-
-    return instruct.build(seed, size)
-
-
-def _chem(seed: int, size: int) -> list[Task]:
-    from datasets_prep.suites import chem
-
-    return chem.build(seed, size)
-
-
-def _physics(seed: int, size: int) -> list[Task]:
-    from datasets_prep.suites import physics
-
-    return physics.build(seed, size)
-
-
-def _smoke(seed: int, size: int) -> list[Task]:
-    from datasets_prep.suites import smoke
-
-    return smoke.build(seed, size)
+def _built_by(module: str, seed: int, size: int) -> list[Task]:
+    """`datasets_prep.suites.<module>.build(seed, size)`, imported on first use: a suite's
+    module loads its data (and imports `rng_for` from here), so only the suite asked for
+    is loaded. Bound to a module with `partial` in SUITES (picklable, unlike a closure)."""
+    return importlib.import_module(f"datasets_prep.suites.{module}").build(seed, size)
 
 
 def _all(seed: int, size: int) -> list[Task]:
@@ -76,17 +49,17 @@ SUITES: dict[str, Suite] = {
     s.name: s
     for s in (
         Suite("smoke", "about a dozen quick tasks across all domains, small documents (demo, CI)", 12,
-              ("math", "chem", "physics", "instruct_follow", "long_context"), _smoke),
+              ("math", "chem", "physics", "instruct_follow", "long_context"), partial(_built_by, "smoke")),
         Suite("math", "CHAMP competition problems + generated school math (mathematics-dataset)", 60,
-              ("math",), _math),
+              ("math",), partial(_built_by, "math")),
         Suite("long_context", "Shakespeare plays and Python docs as files; answers counted from the text", 20,
-              ("long_context",), _long),
+              ("long_context",), partial(_built_by, "long_context")),
         Suite("instruct", "IFBench prompts, checked by if-verifiable (offline-checkable ones)", 60,
-              ("instruct_follow",), _instruct),
+              ("instruct_follow",), partial(_built_by, "instruct")),
         Suite("chem", "molar masses, mass fractions, elements, multiple choice (periodictable)", 40,
-              ("chem",), _chem),
+              ("chem",), partial(_built_by, "chem")),
         Suite("physics", "parametrised mechanics/electricity/optics/heat problems with units", 40,
-              ("physics",), _physics),
+              ("physics",), partial(_built_by, "physics")),
         Suite("all", "every suite above, in equal shares", 150,
               ("math", "long_context", "instruct_follow", "chem", "physics"), _all),
     )

@@ -8,6 +8,7 @@ parameters, never pasted into the SQL; sort keys come from a fixed list.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -52,11 +53,19 @@ def _total(page: list[dict[str, Any]]) -> int:
     return int(page[0]["total"]) if page else 0
 
 
-def _attach(rows: list[dict[str, Any]], key: str, extra: list[dict[str, Any]], field: str) -> None:
-    """Give each row of a page the `extra` rows of its `key`, as the list `field` (one
-    query for the whole page, not one per row)."""
+def _attach(
+    rows: list[dict[str, Any]],
+    key: str,
+    field: str,
+    fetch: Callable[[list[Any]], list[dict[str, Any]]],
+) -> None:
+    """Give each row of a page the rows `fetch` returns for its `key`, as the list `field`:
+    one query for the whole page (`fetch` gets the page's keys), not one per row; none for
+    an empty page."""
+    if not rows:
+        return
     by_key: dict[Any, list[dict[str, Any]]] = {}
-    for x in extra:
+    for x in fetch([r[key] for r in rows]):
         by_key.setdefault(x[key], []).append(x)
     for r in rows:
         r[field] = by_key.get(r[key], [])
@@ -184,10 +193,9 @@ def runs(
         [limit, offset],
     )
     rows = res.rows
-    total = _total(rows)
-    if rows:
-        ids = [r["run_id"] for r in rows]
-        acc = lw.fetch(
+
+    def accuracy(ids: list[Any]) -> list[dict[str, Any]]:
+        return lw.fetch(
             f"""
             WITH s AS ({NEWEST_SCORE.format(runs=_placeholders(len(ids)))})
             SELECT e.run_id, e.mode,
@@ -198,12 +206,13 @@ def runs(
             GROUP BY ALL ORDER BY e.mode
             """,
             [*ids, *ids],
-        )
-        _attach(rows, "run_id", acc.rows, "accuracy")
-        costs = {c["run_id"]: c for c in run_costs(lw, ids)}
-        for r in rows:
-            r["cost"] = costs.get(r["run_id"])
-    return rows, total
+        ).rows
+
+    _attach(rows, "run_id", "accuracy", accuracy)
+    costs = {c["run_id"]: c for c in run_costs(lw, [r["run_id"] for r in rows])}
+    for r in rows:
+        r["cost"] = costs.get(r["run_id"])
+    return rows, _total(rows)
 
 
 def run_costs(lw: LiveWarehouse, run_ids: list[str]) -> list[dict[str, Any]]:
@@ -307,21 +316,21 @@ def episodes(
         [run_id, run_id, *params, EPISODES_PER_PAGE, max(0, page) * EPISODES_PER_PAGE],
     )
     rows = res.rows
-    total = _total(rows)
-    if rows:
-        ids = [r["episode_id"] for r in rows]
-        caps = lw.fetch(
+
+    def usage(ids: list[Any]) -> list[dict[str, Any]]:
+        return lw.fetch(
             f"""
             SELECT episode_id, capability, count(DISTINCT turn_index) AS turns FROM usage
             WHERE run_id = ? AND episode_id IN ({_placeholders(len(ids))}) AND capability <> 'none'
             GROUP BY ALL ORDER BY capability
             """,
             [run_id, *ids],
-        )
-        _attach(rows, "episode_id", caps.rows, "usage")
-    elif page > 0:
-        total = episodes(lw, run_id, flt, 0)[1]
-    return rows, total
+        ).rows
+
+    _attach(rows, "episode_id", "usage", usage)
+    if not rows and page > 0:  # past the last page: the total is still the filter's
+        return rows, episodes(lw, run_id, flt, 0)[1]
+    return rows, _total(rows)
 
 
 def live_episodes(lw: LiveWarehouse, run_id: str) -> list[dict[str, Any]]:

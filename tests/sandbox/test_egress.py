@@ -711,18 +711,18 @@ def test_log_reading_is_incremental_per_sandbox_and_bounded(tmp_path: Path) -> N
     with open(log, "a") as f:
         f.write(line(101, "10.0.0.2") + line(102, "10.0.0.3") + line(103, "10.0.0.2", "x.test"))
         f.write("104.000 10.0.0.2 GET pypi.test 80 200 1")  # squid is still writing this one
-    turn1 = egress.read_records(ep, policy, "10.0.0.2", 100, 103, cursor)
+    turn1 = egress.read_records(ep, policy, egress.Window("10.0.0.2", 100, 103, cursor))
     assert [(r.time, r.host, r.rule) for r in turn1] == [
         (101.0, "pypi.test", "allow: pypi.test:80")
     ]
-    turn2 = egress.read_records(ep, policy, "10.0.0.2", 103, 200, cursor)
+    turn2 = egress.read_records(ep, policy, egress.Window("10.0.0.2", 103, 200, cursor))
     assert [(r.host, r.allowed) for r in turn2] == [("x.test", True)]  # status came from squid
     with open(log, "a") as f:
         f.write("00 2000 TCP_MISS 127.0.0.1 http://pypi.test/late\n")
         f.write(line(105, "10.0.0.2", url="http://pypi.test/" + "a" * 100_000))
-    turn3 = egress.read_records(ep, policy, "10.0.0.2", 200, 300, cursor)
+    turn3 = egress.read_records(ep, policy, egress.Window("10.0.0.2", 200, 300, cursor))
     assert turn3 == []
-    late = egress.read_records(ep, policy, "10.0.0.2", 103, 300, egress.LogCursor())
+    late = egress.read_records(ep, policy, egress.Window("10.0.0.2", 103, 300, egress.LogCursor()))
     assert [r.time for r in late] == [103.0, 104.0, 105.0]
     assert len(late[2].url) == egress.MAX_FIELD  # every field from the log is bounded
 
