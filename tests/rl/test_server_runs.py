@@ -210,3 +210,28 @@ def test_a_batch_of_a_killed_server_reads_interrupted_and_resumes(tmp_path: Path
         from sandbox.engine import docker_client
 
         G.collect(docker_client(), run_prefix=rid)  # what the killed server left
+
+
+def test_a_batch_whose_run_another_process_writes_is_refused_naming_it(tmp_path: Path) -> None:
+    """One run id, one writer: a batch on a run id whose lock is held elsewhere (here: this
+    test process, as a `flows run` would) is refused with 409 naming the holder, before
+    anything is recorded or run."""
+    from rl.client import RolloutServerError
+    from warehouse.layout import Layout
+    from warehouse.runlock import RunLock
+
+    wh, rid = tmp_path / "wh", new_run_id("srv-locked")
+    held = RunLock(Layout(wh), rid)
+    held.acquire()
+    try:
+        with ScriptedModel(default=answering(itertools.repeat("42"))) as model, rollout_server(wh) as (url, _):
+            with pytest.raises(RolloutServerError) as err, RolloutClient(url) as client:
+                client.rollouts(request(model, rid, n=1))
+            assert model.requests == []
+    finally:
+        held.release()
+    msg = str(err.value)
+    assert "(409)" in msg and f"run {rid} is being run by pid {os.getpid()}" in msg, msg
+    from warehouse import Warehouse
+
+    assert Warehouse(wh).run_info(rid) is None and containers_of(rid) == []
