@@ -3,8 +3,10 @@
 1. synth: question synthesis through sandflow (datagen.synth.synthesize: prompt template,
    structured-output body, the model client, the JSON checks, the reply cache on disk)
    against the same requests posted straight to the same scripted endpoint with one
-   pooled httpx client and the same concurrency (the floor: HTTP and JSON only).
-   Interleaved repeats (the order alternating), medians. Goal: synth_overhead_ratio <= 1.1.
+   pooled httpx client and the same concurrency (the floor: HTTP and JSON only), and
+   against sandflow's model client alone (what synthesis itself adds). The endpoint runs
+   in a process of its own, as a real one does. Interleaved repeats (the order
+   alternating), medians. Goal: synth_overhead_ratio <= 1.1.
 2. dedup: exact + MinHash LSH near-duplicate removal (datasets_prep.dedup, rensa) over
    100,000 synthetic documents of ~60 words, 5% exact and 10% near duplicates planted.
    Goal: dedup_docs_per_s >= 5,000.
@@ -12,7 +14,7 @@
    warehouse) and the `data_funnel` view: 1 when in = out + dropped at every stage.
 4. ingest: documents per second through ingest (2,000 text files; absolute).
 
-Run:  .venv/bin/python benchmarks/data_build.py [--pieces 200] [--questions 3]
+Run:  .venv/bin/python benchmarks/data_build.py [--pieces 400] [--questions 3]
       [--concurrency 8] [--docs 100000] [--repeats 5]
 (no Docker; ~1 minute). Ends with ONE JSON line.
 """
@@ -20,12 +22,15 @@ Run:  .venv/bin/python benchmarks/data_build.py [--pieces 200] [--questions 3]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -60,28 +65,59 @@ def _reply_for(body: dict, index: int):
                                              "total_tokens": 140})
 
 
+@contextlib.contextmanager
+def _endpoint_process() -> Iterator[str]:
+    """The scripted endpoint in a process of its own, as a real one is: its threads do not
+    share this process's GIL, and its heap does not grow this process's garbage
+    collections (an in-process server made every allocation of the side measured second
+    pay for scanning the first side's leftovers). It keeps no request (`record=False`)."""
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-scripted"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http://127.0.0.1:"):
+            raise RuntimeError(f"the scripted endpoint did not start (it said {url!r})")
+        yield url
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()  # the server stops at EOF
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _serve_scripted() -> None:
+    from tests.scripted_model import ScriptedModel
+
+    with ScriptedModel(default=_reply_for, models=("scripted",), record=False) as model:
+        print(model.url, flush=True)
+        sys.stdin.read()
+
+
 def bench_synth(pieces_n: int, n: int, concurrency: int, repeats: int, tmp: Path) -> dict:
     import httpx
 
     from datagen.synth import ReplyCache, Template, plan_slots, structured_body, synthesize
     from datasets_prep.corpus import split_pieces
     from tasks.model import ModelConfig
-    from tests.scripted_model import ScriptedModel
 
     rng = random.Random(1)
     pieces = [p for i in range(pieces_n) for p in split_pieces(f"d-{i}", f"doc{i}.txt", _text(rng, 120), 1024)]
     tpl = Template.load()
     slots = plan_slots(pieces, n, ("single_choice", "multi_choice", "free_form"))
-    ours, floor, kept = [], [], 0
+    ours, floor, alone, kept = [], [], [], 0
     ours_cpu: list[float] = []
     floor_cpu: list[float] = []
-    with ScriptedModel(default=_reply_for, models=("scripted",)) as model:
-        cfg = ModelConfig(model="scripted", base_url=model.url, temperature=0.0, max_retries=0)
+    with _endpoint_process() as url:
+        cfg = ModelConfig(model="scripted", base_url=url, temperature=0.0, max_retries=0)
         bodies = [{"model": "scripted", "messages": tpl.messages(s.qtype, s.piece.text), "temperature": 0.0,
                    "max_tokens": cfg.max_tokens, **structured_body("json_schema", s.qtype)} for s in slots]
 
         def straight() -> float:
-            client = httpx.Client(base_url=model.url + "/", limits=httpx.Limits(max_keepalive_connections=64))
+            client = httpx.Client(base_url=url + "/", limits=httpx.Limits(max_keepalive_connections=64))
             c0 = time.process_time()
             t0 = time.perf_counter()
 
@@ -108,6 +144,25 @@ def bench_synth(pieces_n: int, n: int, concurrency: int, repeats: int, tmp: Path
             ours_cpu.append(time.process_time() - c0)
             return sum(o.kept for o in res.outcomes)
 
+        def client_alone() -> float:
+            # the same calls through sandflow's model client only (no template, checks or
+            # cache): what synthesis itself adds is synth_s over this
+            from tasks.model import ModelClient
+
+            client = ModelClient(cfg)
+            calls = [(tpl.messages(s.qtype, s.piece.text), extras[s.qtype]) for s in slots]
+            t0 = time.perf_counter()
+
+            def call(c: tuple) -> None:
+                json.loads(client.complete(c[0], extra_body=c[1]).content or "")
+
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                list(pool.map(call, calls))
+            dt = time.perf_counter() - t0
+            client.close()
+            return dt
+
+        extras = {t: structured_body("json_schema", t) for t in ("single_choice", "multi_choice", "free_form")}
         for r in range(repeats):
             # the order alternates: whichever runs second inherits the first one's
             # leftovers (server threads of closed connections, garbage)
@@ -117,6 +172,7 @@ def bench_synth(pieces_n: int, n: int, concurrency: int, repeats: int, tmp: Path
             else:
                 floor.append(straight())
                 kept = through_sandflow(r)
+            alone.append(client_alone())
     return {
         "synth_calls": len(slots),
         "synth_kept": kept,
@@ -126,6 +182,8 @@ def bench_synth(pieces_n: int, n: int, concurrency: int, repeats: int, tmp: Path
         # CPU seconds of this process (client and the in-process server alike): less moved
         # by other processes' load than the wall-clock ratio
         "synth_cpu_ratio": statistics.median(ours_cpu) / statistics.median(floor_cpu[1:] or floor_cpu),
+        "synth_client_s": statistics.median(alone),
+        "synth_over_client_ratio": statistics.median(ours) / statistics.median(alone),
         "synth_concurrency": concurrency,
     }
 
@@ -191,19 +249,24 @@ def bench_funnel_and_ingest(tmp: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pieces", type=int, default=200)
+    ap.add_argument("--pieces", type=int, default=400)
     ap.add_argument("--questions", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--docs", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--serve-scripted", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve_scripted:  # the endpoint's own process (_endpoint_process)
+        _serve_scripted()
+        return
     out: dict = {"benchmark": "data_build"}
     with tempfile.TemporaryDirectory(prefix="sandflow-bench-data-") as d:
         tmp = Path(d)
         out.update(bench_synth(args.pieces, args.questions, args.concurrency, args.repeats, tmp))
         print(f"synth: {out['synth_calls']} calls, sandflow {out['synth_s']:.2f}s vs straight "
               f"{out['synth_floor_s']:.2f}s -> {out['synth_overhead_ratio']:.2f}x (goal <= 1.1); "
-              f"CPU {out['synth_cpu_ratio']:.2f}x")
+              f"CPU {out['synth_cpu_ratio']:.2f}x; over sandflow's model client alone "
+              f"({out['synth_client_s']:.2f}s) {out['synth_over_client_ratio']:.2f}x")
         out.update(bench_dedup(args.docs))
         print(f"dedup: {out['dedup_docs']:,} docs in {out['dedup_s']:.2f}s -> "
               f"{out['dedup_docs_per_s']:,.0f} docs/s (goal >= 5,000); found "

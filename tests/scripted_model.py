@@ -190,10 +190,13 @@ class ScriptedModel:
         models: Iterable[str] = ("scripted",),
         tokenizer: ToyTokenizer | None = None,
         raw_tool_calls: bool = False,
+        record: bool = True,
     ) -> None:
         """`tokenizer`: answer with exact token ids and logprobs, vLLM style, when the
         request asks (ToyTokenizer). `raw_tool_calls`: put tool calls in the content as
-        Hermes ``<tool_call>`` text, as a server without a tool parser does."""
+        Hermes ``<tool_call>`` text, as a server without a tool parser does. `record=False`:
+        keep no request (only `count`), for a server that answers many thousands (a
+        benchmark's endpoint: what it kept would only grow its garbage collector's work)."""
         self.tokenizer = tokenizer
         self.raw_tool_calls = raw_tool_calls
         self._script: list[ScriptItem] = list(script)
@@ -205,6 +208,8 @@ class ScriptedModel:
         self.requests: list[dict] = []  # every chat request body, in arrival order
         self.headers: list[dict[str, str]] = []  # their headers, names lower-cased
         self.raw_requests: list[bytes] = []
+        self.record = record
+        self.count = 0  # chat requests arrived, recorded or not
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -216,7 +221,7 @@ class ScriptedModel:
 
     def _next(self, body: dict) -> Reply | Fault:
         with self._lock:
-            index = len(self.requests) - 1
+            index = self.count - 1
             item = self._script.pop(0) if self._script else self.default
         if callable(item) and not isinstance(item, (Reply, Fault)):
             return item(body, index)
@@ -225,7 +230,7 @@ class ScriptedModel:
     def wait_for_requests(self, n: int, timeout: float = 30.0) -> bool:
         """Block until at least `n` chat requests arrived; False on timeout."""
         with self._arrived:
-            return self._arrived.wait_for(lambda: len(self.requests) >= n, timeout)
+            return self._arrived.wait_for(lambda: self.count >= n, timeout)
 
     # -- lifecycle ------------------------------------------------------------------
     @property
@@ -308,9 +313,11 @@ def _make_handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                 self._error(400, "request body is not JSON")
                 return
             with model._lock:
-                model.requests.append(body)
-                model.raw_requests.append(raw)
-                model.headers.append({k.lower(): v for k, v in self.headers.items()})
+                model.count += 1
+                if model.record:
+                    model.requests.append(body)
+                    model.raw_requests.append(raw)
+                    model.headers.append({k.lower(): v for k, v in self.headers.items()})
                 model._arrived.notify_all()
             if model.models and body.get("model") not in model.models:
                 self._error(404, f"The model `{body.get('model')}` does not exist.")

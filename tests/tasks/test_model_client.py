@@ -185,3 +185,22 @@ def test_retries_stop_at_the_callers_deadline(scripted_model: ScriptedModel) -> 
     with pytest.raises(ModelError, match="HTTP 429"):
         client.complete(MSGS, timeout_s=2.0)
     assert len(scripted_model.requests) == 1
+
+
+def test_the_environment_proxy_is_used_unless_no_proxy_exempts_the_endpoint(
+    scripted_model: ScriptedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chat calls go straight to httpx's transport, not through an httpx.Client, so the
+    HTTP(S)_PROXY / NO_PROXY an httpx.Client would honour are read by the model client.
+    The "proxy" is a second scripted server: it answers the absolute-URL request."""
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy",
+                 "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with ScriptedModel(default=text_reply("via the proxy")) as proxy:
+        scripted_model.default = text_reply("direct")
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        assert ModelClient(fast_cfg(scripted_model)).complete(MSGS).content == "via the proxy"
+        assert (proxy.count, scripted_model.count) == (1, 0)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        assert ModelClient(fast_cfg(scripted_model)).complete(MSGS).content == "direct"
+        assert (proxy.count, scripted_model.count) == (1, 1)
