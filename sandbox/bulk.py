@@ -30,7 +30,7 @@ import shutil
 import socket
 import tempfile
 
-from sandbox.protocol import TransportClosed
+from sandbox.protocol import recv_some
 
 MOUNT = "/.sandflow-bulk"  # sandbox/_helper.py BULK_DIR
 ACCEPT_S = 10.0  # the helper connects before it says so: the connection is already queued
@@ -47,16 +47,7 @@ class SocketTransport:
         self.sock.sendall(data)
 
     def recv(self, timeout: float) -> bytes:
-        self.sock.settimeout(max(timeout, 0.001))
-        try:
-            chunk = self.sock.recv(1 << 20)
-        except TimeoutError:
-            return b""
-        except OSError as e:
-            raise TransportClosed(str(e)) from None
-        if not chunk:
-            raise TransportClosed("the fork's bulk connection closed")
-        return chunk
+        return recv_some(self.sock, timeout, "the fork's bulk connection closed")
 
     def diagnostics(self) -> str:
         return "the fork's bulk connection closed"

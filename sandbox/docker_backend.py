@@ -28,7 +28,7 @@ from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSa
 from sandbox.deadline import bounded
 from sandbox.engine import docker_client, engine_address, ensure_image
 from sandbox.labels import make_labels
-from sandbox.protocol import BOOT_ARGV, TransportClosed
+from sandbox.protocol import BOOT_ARGV, TransportClosed, recv_some
 from sandbox.usage import ResourceUsage, from_docker_stats
 
 STREAM_STDOUT = 1
@@ -52,15 +52,9 @@ class AttachTransport:
         self.raw.sendall(data)
 
     def recv(self, timeout: float) -> bytes:
-        self.raw.settimeout(max(timeout, 0.001))
-        try:
-            chunk = self.raw.recv(1 << 20)
-        except TimeoutError:
-            return b""
-        except OSError as e:
-            raise TransportClosed(str(e)) from None
+        chunk = recv_some(self.raw, timeout, "attach stream closed")
         if not chunk:
-            raise TransportClosed("attach stream closed")
+            return b""
         frames = self.frames
         frames += chunk
         out = bytearray()

@@ -58,6 +58,21 @@ class TransportClosed(Exception):
     """The byte stream ended: the sandbox's PID 1 exited (container died or was removed)."""
 
 
+def recv_some(sock: Any, timeout: float, eof: str) -> bytes:
+    """Up to 1 MiB from a socket within `timeout` (b"" when none came); TransportClosed,
+    saying `eof`, when the stream ended (the docker attach stream, a fork's side channel)."""
+    sock.settimeout(max(timeout, 0.001))
+    try:
+        chunk: bytes = sock.recv(1 << 20)
+    except TimeoutError:
+        return b""
+    except OSError as e:
+        raise TransportClosed(str(e)) from None
+    if not chunk:
+        raise TransportClosed(eof)
+    return chunk
+
+
 class ProtocolError(SandboxError):
     """The helper's channel carried something the protocol does not allow.
 
