@@ -120,9 +120,11 @@ def close_inherited_fds():
 
 
 class Channel:
-    """Buffered reads from the host: header lines, and payloads through PayloadReader."""
+    """Buffered reads from the host: header lines, and payloads through PayloadReader.
+    `fd`: stdin, or a fork's bulk connection (bulk_connect)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fd=STDIN) -> None:
+        self.fd = fd
         self.buf = bytearray()
         self.eof = False
 
@@ -130,10 +132,10 @@ class Channel:
         """Read what is available within `timeout`; False when nothing arrived."""
         if self.eof:
             return False
-        r, _, _ = select.select([STDIN], [], [], timeout)
+        r, _, _ = select.select([self.fd], [], [], timeout)
         if not r:
             return False
-        chunk = os.read(STDIN, 1 << 20)
+        chunk = os.read(self.fd, 1 << 20)
         if not chunk:
             self.eof = True
             return False
@@ -150,22 +152,23 @@ class Channel:
         return out
 
 
-def send(msg, payload=b""):
-    """One message to the host: a JSON header line, then `len` payload bytes."""
+def send(msg, payload=b"", fd=STDOUT):
+    """One message to the host: a JSON header line, then `len` payload bytes (on stdout, or
+    on a fork's bulk connection)."""
     if payload:
         msg["len"] = len(payload)
     head = json.dumps(msg, separators=(",", ":")).encode() + b"\n"
     if len(payload) > 65536:  # a data frame: no copy of it just to prepend the header
-        write_all(head)
-        write_all(payload)
+        write_all(head, fd)
+        write_all(payload, fd)
     else:
-        write_all(head + payload)
+        write_all(head + payload, fd)
 
 
-def write_all(data):
+def write_all(data, fd=STDOUT):
     view = memoryview(data)
     while view:
-        n = os.write(STDOUT, view)
+        n = os.write(fd, view)
         view = view[n:]
 
 
@@ -805,9 +808,10 @@ def op_put(chan, req):
 class FrameWriter:
     """Bytes out to the host as data frames of at most `chunk` bytes: nothing is held."""
 
-    def __init__(self, rid, chunk):
+    def __init__(self, rid, chunk, fd=STDOUT):
         self.rid = rid
         self.chunk = chunk
+        self.fd = fd
         self.buf = bytearray()
 
     def write(self, data):
@@ -817,10 +821,10 @@ class FrameWriter:
 
     def _frame(self, n):
         if n <= 65536:
-            send({"id": self.rid, "data": 1}, bytes(self.buf[:n]))
+            send({"id": self.rid, "data": 1}, bytes(self.buf[:n]), self.fd)
         else:  # a big frame goes out of the buffer itself (no copy of a MiB per frame)
             with memoryview(self.buf) as view, view[:n] as part:
-                send({"id": self.rid, "data": 1}, part)
+                send({"id": self.rid, "data": 1}, part, self.fd)
         del self.buf[:n]
 
     def flush(self):
@@ -1152,7 +1156,72 @@ def unlock_owned(roots, deadline):
 FORK_FRAME = 1 << 20  # a fork's frames: few (each a handoff between threads on the host)
 
 
+BULK_DIR = "/.sandflow-bulk"  # docker: a host folder bind-mounted for a fork's bulk bytes
+
+
+def bulk_connect(name):
+    """A fork's bulk connection to the host, or None (then the fork goes over stdin/stdout).
+
+    Docker's attach stream crosses the engine twice per fork (parent -> host -> child):
+    ~40 ms per 10 MB. So the host listens on a unix socket `name` in a folder of its own
+    bind-mounted at BULK_DIR (sandbox/bulk.py), mode 0700 and owned by a uid the sandbox
+    user is not: only the helper reaches it, connecting with that owner's fs ids for the
+    time of the connect (it has CAP_SETUID; the sandbox user has no capability and is
+    refused). Never without privilege separation (then the sandbox user is our uid)."""
+    if not PRIVSEP or LIBC is None or not isinstance(name, str):
+        return None
+    stem = name[:-5] if name.endswith(".sock") else ""
+    if len(stem) != 32 or stem.strip("0123456789abcdef"):
+        return None
+    try:
+        st = os.lstat(BULK_DIR)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_mode & 0o077 or st.st_uid == SANDBOX_UID:
+        return None
+    import _socket
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    LIBC.setfsgid(st.st_gid)
+    LIBC.setfsuid(st.st_uid)
+    try:
+        sock.settimeout(5.0)
+        sock.connect(BULK_DIR + "/" + name)
+        sock.settimeout(None)
+    except OSError:
+        sock.close()
+        return None
+    finally:
+        LIBC.setfsuid(SANDBOX_UID)
+        LIBC.setfsgid(SANDBOX_GID)
+        if LIBC.setfsuid(-1) != SANDBOX_UID or LIBC.setfsgid(-1) != SANDBOX_GID:
+            os._exit(3)  # never go on with another uid's file access
+    return sock
+
+
 def op_fork_get(session, req):
+    """fork_get over the bulk connection when the host offers one (`bulk`: the socket's
+    name): the helper says so on stdout ({"bulk": 1}), then every frame and the final
+    header (an error too) go over it. Else over stdout, as always."""
+    sock = bulk_connect(req.get("bulk")) if req.get("bulk") else None
+    if sock is None:
+        fork_get(session, req, STDOUT)
+        return
+    try:
+        send({"id": req["id"], "bulk": 1})
+        try:
+            fork_get(session, req, sock.fileno())
+        except Exception as e:  # noqa: BLE001 - the host reads this answer on the bulk side
+            send(
+                {"id": req["id"], "ok": False, "error": f"{type(e).__name__}: {e}"},
+                b"",
+                sock.fileno(),
+            )
+    finally:
+        sock.close()
+
+
+def fork_get(session, req, fd):
     """Stream one tar of every writable place (arc names: the place's path without its
     leading '/'), bounded like `get`; the final header names the processes left behind.
     Frames of FORK_FRAME bytes: the host passes each on to the children while this walk
@@ -1160,7 +1229,7 @@ def op_fork_get(session, req):
     t0 = time.monotonic()
     max_seconds = float(req.get("max_seconds") or 0)
     deadline = t0 + max_seconds if max_seconds > 0 else float("inf")
-    out = FrameWriter(req["id"], FORK_FRAME)
+    out = FrameWriter(req["id"], FORK_FRAME, fd)
     exporter = Exporter(
         out, int(req.get("max_bytes") or 0), int(req.get("max_entries") or 0), deadline
     )
@@ -1188,7 +1257,9 @@ def op_fork_get(session, req):
             "summary": exporter.summary(t0),
             "processes": procs[:20],
             "process_count": len(procs),
-        }
+        },
+        b"",
+        fd,
     )
 
 
@@ -1350,6 +1421,26 @@ NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 
 
 def op_fork_put(chan, req):
+    """fork_put, its archive read from the bulk connection when the host offers one
+    (`bulk`): the helper first says on stdout whether it connected ({"bulk": 1 or 0}); the
+    answer goes on stdout."""
+    if not req.get("bulk"):
+        fork_put(chan, req)
+        return
+    sock = bulk_connect(req.get("bulk"))
+    send({"id": req["id"], "bulk": 1 if sock else 0})
+    if sock is None:
+        fork_put(chan, req)
+        return
+    try:
+        fork_put(Channel(sock.fileno()), req)
+    except EOFError:  # the bulk side closed: an error of this fork, not the helper's end
+        raise ForkRefused("the host closed the fork's bulk connection") from None
+    finally:
+        sock.close()
+
+
+def fork_put(chan, req):
     """Write a fork archive (from op_fork_get of the parent, chunked: ChunkedReader) into
     this sandbox's writable places, as the sandbox user, never through a symlink: regular
     files, folders, symlinks and hard links to files of the same archive; modes and mtimes

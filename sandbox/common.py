@@ -35,6 +35,7 @@ from sandbox.archive import (
 from sandbox.base import ExecResult, SandboxClosed, SandboxConfig, SandboxError, SandboxExpired
 from sandbox.image import SANDBOX_UID as IMAGE_UID
 from sandbox.protocol import (
+    BulkOffer,
     HelperClient,
     ProtocolError,
     SandboxExpiredSignal,
@@ -465,6 +466,9 @@ class HelperSandbox(ABC):
 
     # ------------------------------------------------------------------ fork (sandbox/fork.py)
     fork_info: ForkInfo | None = None  # set on a sandbox made by fork(): whose, what was left
+    # a side channel a fork's bytes may take instead of the helper's stdin/stdout
+    # (docker: sandbox/bulk.py); None: the helper's channel carries them
+    bulk: BulkOffer | None = None
 
     def fork(self, n: int = 1, *, children: list[HelperSandbox] | None = None) -> list[Any]:
         """n new sandboxes whose writable places and shell state equal this one's now;

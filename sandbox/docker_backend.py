@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandbox import egress, netns, reaper, registry
+from sandbox import bulk, egress, netns, reaper, registry
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSandbox, privsep
 from sandbox.deadline import bounded
-from sandbox.engine import docker_client, ensure_image
+from sandbox.engine import docker_client, engine_address, ensure_image
 from sandbox.labels import make_labels
-from sandbox.protocol import BOOT_ARGV, TransportClosed
+from sandbox.protocol import BOOT_ARGV, TransportClosed, recv_some
 from sandbox.usage import ResourceUsage, cgroup_dirs, from_cgroup_dirs, from_docker_stats
 
 STREAM_STDOUT = 1
@@ -53,15 +53,9 @@ class AttachTransport:
         self.raw.sendall(data)
 
     def recv(self, timeout: float) -> bytes:
-        self.raw.settimeout(max(timeout, 0.001))
-        try:
-            chunk = self.raw.recv(1 << 20)
-        except TimeoutError:
-            return b""
-        except OSError as e:
-            raise TransportClosed(str(e)) from None
+        chunk = recv_some(self.raw, timeout, "attach stream closed")
         if not chunk:
-            raise TransportClosed("attach stream closed")
+            return b""
         frames = self.frames
         frames += chunk
         out = bytearray()
@@ -180,9 +174,20 @@ class DockerSandbox(HelperSandbox):
                 HOME: f"{owned},exec",
                 self.config.workdir: f"{owned},exec",
             },
+            binds=[self.bulk.bind] if isinstance(self.bulk, bulk.BulkDir) else None,
         )
         config["MaskedPaths"] = MASKED_PATHS  # replaces the engine's list: keeps all of it
         return config
+
+    def _bulk_dir(self) -> bulk.BulkDir | None:
+        """A fork's side channel (sandbox/bulk.py): only with privilege separation (the
+        helper is not the sandbox user's uid) and a local engine (its binds are our folders)."""
+        if not self._privsep() or not engine_address(self.config.docker_host).startswith("unix://"):
+            return None
+        try:
+            return bulk.BulkDir()
+        except OSError:  # no temp folder: forks go over the attach stream
+            return None
 
     def _usage_now(self) -> ResourceUsage:
         """The container's cgroup counters: its cgroup files when this host has them
@@ -253,6 +258,8 @@ class DockerSandbox(HelperSandbox):
         import docker.errors
 
         holder = self._holder
+        if self.bulk is None:
+            self.bulk = self._bulk_dir()
         host_config = self._host_config(holder)
         try:
             created = bounded(
@@ -273,6 +280,7 @@ class DockerSandbox(HelperSandbox):
                 late=lambda c: self.api.remove_container(c["Id"], force=True),
             )
         except docker.errors.APIError as e:
+            self._drop_bulk()
             if holder is not None and not holder.pool.alive(holder):
                 self._drop_holder(removed=False)
                 raise _HolderGone(str(e)) from None
@@ -282,6 +290,7 @@ class DockerSandbox(HelperSandbox):
             ) from None
         except BaseException:
             self._drop_holder(removed=False)  # a late container may still join it: discard
+            self._drop_bulk()
             raise
         self.container_id = created["Id"]
         registry.register(self)
@@ -335,6 +344,12 @@ class DockerSandbox(HelperSandbox):
         else:
             holder.pool.discard(holder)
 
+    def _drop_bulk(self) -> None:
+        """Remove the side channel's folder (after the container, or when none was made)."""
+        folder, self.bulk = self.bulk, None
+        if isinstance(folder, bulk.BulkDir):
+            folder.remove()
+
     def _remove_container(self) -> None:
         """Force-remove the container; raises on anything but success or 'already gone'."""
         import docker.errors
@@ -364,6 +379,7 @@ class DockerSandbox(HelperSandbox):
             self._drop_holder(removed=removed)
             if transport is not None:
                 transport.close()
+            self._drop_bulk()
 
     def _network_mode(self) -> str:
         return self.egress.network if self.egress is not None else self.config.limits.network

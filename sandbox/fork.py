@@ -211,7 +211,7 @@ def stream_files(parent: HelperSandbox, children: list[Any]) -> ForkInfo:
     uploads = []
     try:
         for c in children:
-            uploads.append(c._check_open().upload({"op": "fork_put"}))
+            uploads.append(c._check_open().upload({"op": "fork_put"}, bulk=c.bulk))
     except BaseException:
         for u in uploads:
             u.release()
@@ -224,7 +224,7 @@ def stream_files(parent: HelperSandbox, children: list[Any]) -> ForkInfo:
     try:
         max_total = max_bytes + (limits.max_files + ROOTS_BOUND + 2) * ENTRY_OVERHEAD
         reply = parent._check_open().stream(
-            msg, max_total=max_total, deadline_s=limits.max_seconds + 60.0
+            msg, max_total=max_total, deadline_s=limits.max_seconds + 60.0, bulk=parent.bulk
         )
         with parent._consuming(reply, "(its writable places)"):
             for chunk in reply:

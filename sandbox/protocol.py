@@ -58,6 +58,21 @@ class TransportClosed(Exception):
     """The byte stream ended: the sandbox's PID 1 exited (container died or was removed)."""
 
 
+def recv_some(sock: Any, timeout: float, eof: str) -> bytes:
+    """Up to 1 MiB from a socket within `timeout` (b"" when none came); TransportClosed,
+    saying `eof`, when the stream ended (the docker attach stream, a fork's side channel)."""
+    sock.settimeout(max(timeout, 0.001))
+    try:
+        chunk: bytes = sock.recv(1 << 20)
+    except TimeoutError:
+        return b""
+    except OSError as e:
+        raise TransportClosed(str(e)) from None
+    if not chunk:
+        raise TransportClosed(eof)
+    return chunk
+
+
 class ProtocolError(SandboxError):
     """The helper's channel carried something the protocol does not allow.
 
@@ -80,11 +95,30 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+class BulkListener(Protocol):
+    """One offer of a side channel for a fork's bytes (sandbox/bulk.py, Listener)."""
+
+    name: str
+
+    def accept(self) -> Transport: ...
+
+    def close(self) -> None: ...
+
+
+class BulkOffer(Protocol):
+    """Where a sandbox can offer a fork's side channel (sandbox/bulk.py, BulkDir)."""
+
+    enabled: bool
+
+    def listen(self) -> BulkListener | None: ...
+
+
 # Bounds on what the host reads from a sandbox before it allocates anything.
 MIN_HEADER_BYTES = 1 << 20
 CHUNK_MAX = 1 << 20  # the helper's biggest data frame (sandbox/_helper.py CHUNK_MAX)
 BOOT_LINE_MAX = 256  # the sandbox python's cache tag line
 STREAM_IDLE_S = 60.0  # a stream that sends nothing for this long is stalled
+BULK_ACK_S = 30.0  # a helper saying whether it reached the side channel
 
 
 def header_limit(output_cap_bytes: int) -> int:
@@ -243,19 +277,47 @@ class HelperClient:
             self._expect(header, rid)
             return header, body
 
-    def upload(self, msg: dict[str, Any]) -> Upload:
+    def upload(self, msg: dict[str, Any], *, bulk: BulkOffer | None = None) -> Upload:
         """Send a request whose payload follows in chunks of unknown total (a fork's archive,
         passed on as the parent sends it: the host never holds it whole); the answer is
-        read by `Upload.end`. Holds the channel until then."""
+        read by `Upload.end`. Holds the channel until then. `bulk`: offer the helper a side
+        channel for the chunks (sandbox/bulk.py); it first answers whether it took it."""
+        listener = bulk.listen() if bulk is not None else None
         self.lock.acquire()
         try:
             self._next_id += 1
-            data = json.dumps({**msg, "id": self._next_id, "chunked": 1}, separators=(",", ":"))
-            self._raw_send(data.encode() + b"\n")
+            rid = self._next_id
+            head = {**msg, "id": rid, "chunked": 1}
+            if listener is not None:
+                head["bulk"] = listener.name
+            self._raw_send(json.dumps(head, separators=(",", ":")).encode() + b"\n")
+            side = None
+            if listener is not None and bulk is not None:
+                side = self._bulk_ack(rid, listener, bulk)
         except BaseException:
+            if listener is not None:
+                listener.close()
             self.lock.release()
             raise
-        return Upload(self, self._next_id)
+        return Upload(self, rid, side)
+
+    def _bulk_ack(self, rid: int, listener: BulkListener, bulk: BulkOffer) -> Transport | None:
+        """The helper's answer to a side channel offer: the connection, or None (not taken)."""
+        header, _ = self.read_message(time.monotonic() + BULK_ACK_S)
+        self._expect(header, rid)
+        took = header.get("bulk")
+        if took == 1:
+            try:
+                return listener.accept()
+            except OSError:
+                raise self._violation("it said it reached the side channel but did not") from None
+        listener.close()
+        if took == 0:
+            bulk.enabled = False  # not offered again: this helper cannot reach it
+            return None
+        if header.get("ok") is False:  # refused before reading anything: still in step
+            raise SandboxError(f"sandbox {self.name}: {str(header.get('error'))[:300]}")
+        raise self._violation(f"an unexpected answer to a side channel offer ({header!r:.200})")
 
     def _raw_send(self, data: bytes) -> None:
         try:
@@ -263,15 +325,31 @@ class HelperClient:
         except (OSError, TransportClosed) as e:
             raise SandboxError(f"sandbox {self.name}: cannot reach the helper ({e})") from None
 
-    def stream(self, msg: dict[str, Any], *, max_total: int, deadline_s: float) -> StreamReply:
-        """Send a request answered by data frames; iterate the returned reply for them."""
+    def stream(
+        self,
+        msg: dict[str, Any],
+        *,
+        max_total: int,
+        deadline_s: float,
+        bulk: BulkOffer | None = None,
+    ) -> StreamReply:
+        """Send a request answered by data frames; iterate the returned reply for them.
+        `bulk`: offer the helper a side channel for the frames (sandbox/bulk.py)."""
+        listener = bulk.listen() if bulk is not None else None
+        if listener is not None:
+            msg = {**msg, "bulk": listener.name}
         self.lock.acquire()
         try:
             rid = self._send(msg, b"")
         except BaseException:
+            if listener is not None:
+                listener.close()
             self.lock.release()
             raise
-        return StreamReply(self, rid, max_total, time.monotonic() + deadline_s)
+        reply = StreamReply(self, rid, max_total, time.monotonic() + deadline_s)
+        if listener is not None and bulk is not None:
+            reply.offered = (bulk, listener)
+        return reply
 
 
 class StreamReply:
@@ -290,6 +368,8 @@ class StreamReply:
         self.received = 0
         self.final: dict[str, Any] | None = None
         self._locked = True
+        self.offered: tuple[BulkOffer, BulkListener] | None = None  # a side channel offer
+        self.side: HelperClient | None = None  # the side channel the helper took
 
     def __iter__(self) -> Iterator[bytes]:
         while self.final is None:
@@ -302,12 +382,20 @@ class StreamReply:
         now = time.monotonic()
         if now > self.deadline:
             raise TimeoutError
-        header, body = c.read_message(
+        header, body = (self.side or c).read_message(
             min(self.deadline, now + STREAM_IDLE_S),
             max_payload=CHUNK_MAX,
             payload_deadline=min(self.deadline, now + STREAM_IDLE_S),
         )
         c._expect(header, self.rid)
+        if "bulk" in header:
+            self._take_side(header, body)
+            return None
+        if self.offered is not None:  # the helper answers here: it did not reach the side
+            bulk, listener = self.offered
+            self.offered = None
+            listener.close()
+            bulk.enabled = False
         if header.get("data"):
             self.received += len(body)
             if self.received > self.max_total:
@@ -325,7 +413,25 @@ class StreamReply:
             self._next()
         return self.final
 
+    def _take_side(self, header: dict[str, Any], body: bytes) -> None:
+        """The helper's {"bulk": 1}: the rest of the answer comes over the side channel."""
+        c = self.client
+        if self.offered is None or header.get("bulk") != 1 or body or len(header) != 2:
+            raise c._violation(f"an unexpected side channel message ({header!r:.200})")
+        _, listener = self.offered
+        self.offered = None
+        try:
+            transport = listener.accept()
+        except OSError:
+            raise c._violation("it said it reached the side channel but did not") from None
+        self.side = HelperClient(transport, c.name, max_header=c.max_header)
+
     def _release(self) -> None:
+        if self.offered is not None:
+            self.offered[1].close()
+            self.offered = None
+        if self.side is not None:
+            self.side.transport.close()
         if self._locked:
             self._locked = False
             self.client.lock.release()
@@ -343,22 +449,34 @@ class Upload:
     """A chunked payload in flight (sandbox/_helper.py ChunkedReader): `send` each chunk,
     then `end` (or `end(abort=True)`: the helper stops and answers an error)."""
 
-    def __init__(self, client: HelperClient, rid: int) -> None:
+    def __init__(self, client: HelperClient, rid: int, side: Transport | None = None) -> None:
         self.client = client
         self.rid = rid
+        self.side = side  # the chunks go over the side channel the helper took (else stdin)
         self._locked = True
+
+    def _put(self, data: bytes) -> None:
+        if self.side is None:
+            self.client._raw_send(data)
+            return
+        try:
+            self.side.send(data)
+        except (OSError, TransportClosed) as e:
+            raise SandboxError(
+                f"sandbox {self.client.name}: cannot reach the helper ({e})"
+            ) from None
 
     def send(self, chunk: bytes) -> None:
         if not 0 < len(chunk) < 0xFFFFFFFF:
             raise ValueError(f"a chunk of {len(chunk)} bytes")
-        self.client._raw_send(len(chunk).to_bytes(4, "big"))
-        self.client._raw_send(chunk)
+        self._put(len(chunk).to_bytes(4, "big"))
+        self._put(chunk)
 
     def end(self, *, abort: bool = False, timeout: float) -> dict[str, Any]:
         """The terminator, then the helper's answer; TimeoutError past `timeout`."""
         c = self.client
         try:
-            c._raw_send(CHUNK_ABORT if abort else CHUNK_END)
+            self._put(CHUNK_ABORT if abort else CHUNK_END)
             header, _ = c.read_message(time.monotonic() + timeout)
             c._expect(header, self.rid)
             return header
@@ -367,6 +485,8 @@ class Upload:
 
     def release(self) -> None:
         """Give the channel back (after `end`, or when the sandbox is being removed)."""
+        if self.side is not None:
+            self.side.close()
         if self._locked:
             self._locked = False
             self.client.lock.release()

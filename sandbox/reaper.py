@@ -145,6 +145,9 @@ def sweep(pid: int, start: str, host: str, docker: bool, docker_host: str | None
                         client, G.SandboxInfo("docker", c["Id"], c.get("State", "?"), labels)
                     )
                     removed += 1
+        from sandbox.bulk import remove_leftovers
+
+        remove_leftovers(pid)  # the fork side channels' (empty) folders
     for info in G.bwrap_sandboxes():
         if _mine(info.labels, pid, start, host):
             with contextlib.suppress(Exception):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -129,6 +131,11 @@ def test_owner_death_removes_its_sandboxes(backend: str, test_run_id: str, sig: 
         assert _find(run_id) == [], (
             f"{backend} sandbox survived its owner's {signal.Signals(sig).name}"
         )
+        if backend == "docker":  # its fork side channel's folder (sandbox/bulk.py) goes too
+            left = os.path.join(tempfile.gettempdir(), f"sandflow-bulk-{proc.pid}-*")
+            while glob.glob(left) and time.monotonic() < deadline + 15:
+                time.sleep(0.2)
+            assert glob.glob(left) == [], "the side channel's folder outlived its owner"
     finally:
         if proc.poll() is None:
             proc.kill()

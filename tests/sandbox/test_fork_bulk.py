@@ -1,0 +1,237 @@
+"""A docker fork's side channel (sandbox/bulk.py): its bytes skip the engine's attach proxy.
+
+The channel must be out of the sandbox user's reach (it could forge what a parent sends or
+read what a child gets), bounded like the attach stream against a subverted helper, off
+without privilege separation, and a helper that cannot reach it must fork as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tracemalloc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sandbox import SandboxConfig, SandboxLimits, open_sandbox
+from sandbox.archive import CopyLimits
+from sandbox.base import SandboxError
+from sandbox.bulk import MOUNT, BulkDir
+from sandbox.common import SANDBOX_UID
+
+SHAPE = (
+    "mkdir -p /testbed/d && for i in $(seq 50); do head -c 3000 /dev/urandom > /testbed/d/$i; "
+    "done; echo kept > /tmp/t; export FORKED=yes; cd /testbed/d"
+)
+LOOK = "cd /testbed/d && cat * | md5sum; cat /tmp/t; echo $FORKED; pwd"
+
+
+@pytest.fixture
+def config(sandbox_image: str, test_run_id: str) -> Iterator[Any]:
+    def make(episode: str, **env: str) -> SandboxConfig:
+        limits = SandboxLimits(memory_mb=512, pids=128, tmp_size_mb=64)
+        return SandboxConfig(
+            backend="docker", run_id=test_run_id, episode_id=episode, limits=limits, env=env
+        )
+
+    yield make
+
+
+def _open(config: SandboxConfig) -> Any:
+    return open_sandbox(config)
+
+
+# Run as the sandbox user, told the live socket's name (as if it had leaked): every way
+# toward the side channel it can think of, each write a forged fork frame.
+_ATTACK = r"""
+import errno, json, os, socket, sys
+name = sys.argv[1]
+FORGED = json.dumps({"id": 1, "data": 1, "len": 3_500_000_000}).encode() + b"\n"
+out = {}
+def attempt(what, fn):
+    try:
+        out[what] = "OK " + repr(fn())[:80]
+    except OSError as e:
+        out[what] = "refused " + errno.errorcode.get(e.errno, str(e.errno))
+def connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2)
+    s.connect(path)
+    return s.send(FORGED)
+def create(path):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.close(fd)
+for base in ("/.sandflow-bulk", "/proc/1/root/.sandflow-bulk", "/proc/self/root/.sandflow-bulk"):
+    attempt(f"list {base}", lambda b=base: os.listdir(b))
+    attempt(f"stat {base}/{name}", lambda b=base: os.stat(f"{b}/{name}").st_mode)
+    attempt(f"connect {base}/{name}", lambda b=base: connect(f"{b}/{name}"))
+    attempt(f"open {base}/{name}", lambda b=base: os.open(f"{b}/{name}", os.O_RDWR))
+    attempt(f"create {base}/x", lambda b=base: create(f"{b}/x"))
+    attempt(f"unlink {base}/{name}", lambda b=base: os.unlink(f"{b}/{name}"))
+    attempt(f"bind {base}/mine", lambda b=base: socket.socket(socket.AF_UNIX).bind(f"{b}/mine"))
+attempt("chmod /.sandflow-bulk", lambda: os.chmod("/.sandflow-bulk", 0o777))
+print(json.dumps(out))
+"""
+
+
+def test_the_sandbox_user_cannot_reach_the_side_channel_and_a_fork_takes_it(config: Any) -> None:
+    with _open(config("bulk-parent")) as parent, _open(config("bulk-child")) as child:
+        assert isinstance(parent.bulk, BulkDir) and isinstance(child.bulk, BulkDir)
+        st = os.stat(parent.bulk.path)
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid() != SANDBOX_UID
+        assert parent.exec(f"grep -c ' {MOUNT} ' /proc/self/mountinfo").stdout == "1\n"
+        listener = parent.bulk.listen()
+        assert listener is not None
+        try:
+            parent.write_file("/tmp/attack.py", _ATTACK)
+            r = parent.exec(f"python3 /tmp/attack.py {listener.name}", timeout=60)
+            assert r.exit_code == 0, r.stderr
+            tried = json.loads(r.stdout)
+            assert len(tried) == 22, tried
+            reached = {k: v for k, v in tried.items() if not v.startswith("refused")}
+            assert reached == {}, f"the sandbox user reached the side channel: {reached}"
+            # nothing is queued on the host's socket: no connection got through
+            listener.sock.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                listener.sock.accept()
+        finally:
+            listener.close()
+        assert os.listdir(parent.bulk.path) == [], "a socket file was left"
+        # a fork takes it, both ways, and carries the files and the shell
+        assert parent.exec(SHAPE).exit_code == 0
+        parent.fork(1, children=[child])
+        assert parent.bulk.taken == 1 and child.bulk.taken == 1
+        assert child.exec(LOOK).stdout == parent.exec(LOOK).stdout
+        (fresh,) = parent.fork(1)
+        with fresh:
+            assert fresh.bulk is not None and fresh.bulk.taken == 1
+            assert fresh.exec(LOOK).stdout == parent.exec(LOOK).stdout
+        folder = child.bulk.path
+    assert not os.path.exists(folder), "the side channel's folder outlived its sandbox"
+
+
+def test_without_privilege_separation_there_is_no_side_channel(
+    config: Any, host_settings: Any
+) -> None:
+    """The helper is then the sandbox user's uid: anything it can reach, the user can."""
+    host_settings(privsep=False)
+    with _open(config("bulk-off")) as parent, _open(config("bulk-off-child")) as child:
+        assert parent.bulk is None and child.bulk is None
+        assert parent.exec(f"ls -d {MOUNT} 2>&1").exit_code != 0
+        assert parent.exec(SHAPE).exit_code == 0
+        parent.fork(1, children=[child])
+        assert child.exec(LOOK).stdout == parent.exec(LOOK).stdout
+
+
+def test_a_helper_that_cannot_reach_the_side_channel_forks_over_the_attach_stream(
+    config: Any, tmp_path: Any
+) -> None:
+    """An engine whose binds are not our folders (another mount namespace, rootless): the
+    helper finds no socket, says so, and the fork goes the old way."""
+    with _open(config("bulk-miss")) as parent, _open(config("bulk-miss-child")) as child:
+        assert parent.exec(SHAPE).exit_code == 0
+        mounted = {}
+        for sb in (parent, child):  # the host now listens where no container looks
+            moved = tmp_path / sb.name
+            moved.mkdir(mode=0o700)
+            mounted[sb.name], sb.bulk.path = sb.bulk.path, str(moved)
+        try:
+            parent.fork(1, children=[child])
+            assert child.exec(LOOK).stdout == parent.exec(LOOK).stdout
+            assert parent.bulk.taken == child.bulk.taken == 0
+            assert not parent.bulk.enabled and not child.bulk.enabled  # not offered again
+            assert parent.bulk.listen() is None
+            assert child.reset() == []
+            parent.fork(1, children=[child])
+            assert child.exec(LOOK).stdout == parent.exec(LOOK).stdout
+        finally:
+            for sb in (parent, child):
+                sb.bulk.path = mounted[sb.name]
+
+
+# A subverted parent helper: answers the shell dump, then on the fork's export takes the
+# side channel (it runs as uid 0, as the real helper) and sends what `mode` says over it.
+_HOSTILE = r"""
+import json, os, socket, sys
+MODE = os.environ.get("HOSTILE_MODE", "")
+out = sys.stdout.buffer
+def send(f, obj, payload=b""):
+    f.write(json.dumps(obj).encode() + b"\n" + payload)
+    f.flush()
+send(out, {"ready": True, "pid": 1, "boot": 0, "privsep": True, "dumpable": 0, "uid": 0})
+while True:
+    req = json.loads(sys.stdin.buffer.readline())
+    rid = req["id"]
+    if req.get("op") != "fork_get":
+        send(out, {"id": rid, "exit_code": 0, "stdout": "#@script\n", "stderr": ""})
+        continue
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("/.sandflow-bulk/" + req["bulk"])
+    side = s.makefile("wb")
+    send(out, {"id": rid, "bulk": 1})
+    if MODE == "huge_len":
+        send(side, {"id": rid, "data": 1, "len": 3_500_000_000})
+        while True:
+            side.write(b"\xaa" * (1 << 20)); side.flush()
+    elif MODE == "garbage":
+        while True:
+            side.write(b"\xaa" * (1 << 16)); side.flush()
+    elif MODE == "endless_frames":
+        while True:
+            send(side, {"id": rid, "data": 1, "len": 1 << 20}, b"\0" * (1 << 20))
+    elif MODE == "wrong_id":
+        send(side, {"id": rid + 7, "ok": True, "summary": {}})
+    elif MODE == "second_switch":
+        send(side, {"id": rid, "bulk": 1})
+    elif MODE == "stdout_after_switch":
+        send(out, {"id": rid, "ok": True, "summary": {}})
+        import time; time.sleep(3600)
+    import time; time.sleep(3600)
+"""
+
+_CASES = {
+    "huge_len": "a payload of 3500000000 bytes where at most 1048576",
+    "garbage": "header line",
+    "endless_frames": "more than",
+    "wrong_id": "was in flight",
+    "second_switch": "an unexpected side channel message",
+    # the helper went quiet on the side channel: the stream's idle bound ends it
+    "stdout_after_switch": "stalled",
+}
+
+
+@pytest.mark.parametrize("mode", sorted(_CASES))
+def test_a_subverted_parent_on_the_side_channel_is_bounded(
+    mode: str, config: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sandbox.protocol as P
+
+    if mode == "stdout_after_switch":
+        monkeypatch.setattr(P, "STREAM_IDLE_S", 3.0)
+    with _open(config("bulk-given")) as child:
+        child.exec("echo before > /tmp/mine")
+        src = _HOSTILE.encode()
+        with monkeypatch.context() as m:
+            m.setattr(P, "boot_payload", lambda tag: b"src %d\n" % len(src) + src)
+            parent = _open(config("bulk-hostile", HOSTILE_MODE=mode))
+        try:
+            parent.copy_limits = CopyLimits(max_bytes=8 << 20, max_files=100)
+            tracemalloc.start()
+            try:
+                with pytest.raises(SandboxError) as err:
+                    parent.fork(1, children=[child])
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert _CASES[mode] in str(err.value), str(err.value)
+            assert peak < 64 << 20, f"the host allocated {peak >> 20} MB for {mode}"
+            assert parent.closed, "a parent that broke its channel must be removed"
+            # the given child got nothing usable: it was wiped back to fresh and still works
+            assert not child.closed
+            assert child.exec("cat /tmp/mine 2>&1; echo alive").stdout.endswith("alive\n")
+            assert "before" not in child.exec("cat /tmp/mine 2>&1").stdout
+        finally:
+            parent.close()
