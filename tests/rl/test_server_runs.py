@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from rl.client import RolloutClient
+from tests.chaos.conftest import wait_for
 from tests.rl.conftest import containers_of, new_run_id, rollout_server
 from tests.rl.test_server import answering, request
 from tests.scripted_model import ScriptedModel
@@ -140,15 +141,15 @@ def serve_process(wh: Path, log: Path) -> Iterator[tuple[str, subprocess.Popen[b
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/v1/health", timeout=2).status_code == 200
+        return False
+
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v1/health", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "`sandflow rl serve` did not start in 120 s"
-            time.sleep(0.2)
+        wait_for(answers, 120, "`sandflow rl serve` to answer", poll=0.2)
         yield url, proc
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
