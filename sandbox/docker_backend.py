@@ -196,14 +196,16 @@ class DockerSandbox(HelperSandbox):
             return ResourceUsage()
         if self._cgroup_for != self.container_id:
             self._cgroup_for = self.container_id
+            cid = self.container_id
             try:
-                pid = self.api.inspect_container(self.container_id)["State"]["Pid"]
+                pid = bounded("inspect_container", lambda: self.api.inspect_container(cid))["State"]["Pid"]
             except Exception:  # gone, or an answer without a pid: the stats API decides
                 pid = 0
-            self._cgroups = cgroup_dirs(pid, self.container_id) if isinstance(pid, int) and pid > 0 else {}
+            self._cgroups = cgroup_dirs(pid, cid) if isinstance(pid, int) and pid > 0 else {}
         if self._cgroups:
             return from_cgroup_dirs(self._cgroups)
-        return from_docker_stats(self.api.stats(self.container_id, stream=False, one_shot=True))
+        cid = self.container_id
+        return from_docker_stats(bounded("stats", lambda: self.api.stats(cid, stream=False, one_shot=True)))
 
     def _host_pids(self) -> int:
         """The engine's pids limit: the sandbox's own under runc. Under another runtime the
