@@ -22,15 +22,12 @@ Run:  .venv/bin/python benchmarks/data_build.py [--pieces 400] [--questions 3]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -65,36 +62,12 @@ def _reply_for(body: dict, index: int):
                                              "total_tokens": 140})
 
 
-@contextlib.contextmanager
-def _endpoint_process() -> Iterator[str]:
-    """The scripted endpoint in a process of its own, as a real one is: its threads do not
-    share this process's GIL, and its heap does not grow this process's garbage
-    collections (an in-process server made every allocation of the side measured second
-    pay for scanning the first side's leftovers). It keeps no request (`record=False`)."""
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-scripted"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        if not url.startswith("http://127.0.0.1:"):
-            raise RuntimeError(f"the scripted endpoint did not start (it said {url!r})")
-        yield url
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()  # the server stops at EOF
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _serve_scripted() -> None:
-    from tests.scripted_model import ScriptedModel
+    """`--serve-scripted`: the synth endpoint, in a process of its own (bench_synth); it
+    keeps no request (`record=False`): what it kept would only grow its own heap."""
+    from tests.scripted_model import ScriptedModel, serve_until_eof
 
-    with ScriptedModel(default=_reply_for, models=("scripted",), record=False) as model:
-        print(model.url, flush=True)
-        sys.stdin.read()
+    serve_until_eof(ScriptedModel(default=_reply_for, models=("scripted",), record=False))
 
 
 def bench_synth(pieces_n: int, n: int, concurrency: int, repeats: int, tmp: Path) -> dict:
@@ -103,6 +76,7 @@ def bench_synth(pieces_n: int, n: int, concurrency: int, repeats: int, tmp: Path
     from datagen.synth import ReplyCache, Template, plan_slots, structured_body, synthesize
     from datasets_prep.corpus import split_pieces
     from tasks.model import ModelConfig
+    from tests.scripted_model import ScriptedModelProcess
 
     rng = random.Random(1)
     pieces = [p for i in range(pieces_n) for p in split_pieces(f"d-{i}", f"doc{i}.txt", _text(rng, 120), 1024)]
@@ -111,7 +85,12 @@ def bench_synth(pieces_n: int, n: int, concurrency: int, repeats: int, tmp: Path
     ours, floor, alone, kept = [], [], [], 0
     ours_cpu: list[float] = []
     floor_cpu: list[float] = []
-    with _endpoint_process() as url:
+    # the endpoint in a process of its own, as a real one is: its threads take no GIL from
+    # the side measured, and its heap grows none of that side's garbage collections (in
+    # this process, every allocation of the side measured second paid for scanning the
+    # first side's leftovers)
+    with ScriptedModelProcess([sys.executable, __file__, "--serve-scripted"]) as endpoint:
+        url = endpoint.url
         cfg = ModelConfig(model="scripted", base_url=url, temperature=0.0, max_retries=0)
         bodies = [{"model": "scripted", "messages": tpl.messages(s.qtype, s.piece.text), "temperature": 0.0,
                    "max_tokens": cfg.max_tokens, **structured_body("json_schema", s.qtype)} for s in slots]

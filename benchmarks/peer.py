@@ -93,47 +93,24 @@ def scripted_model(turns: int) -> Any:
             return tool_reply("execute_bash", {"command": f"echo step {done} && ls /testbed"})
         return tool_reply("submit", {})
 
-    return ScriptedModel(default=decide, models=("scripted",)).start()
+    return ScriptedModel(default=decide, models=("scripted",))
 
 
-class ModelProcess:
-    """The scripted model in a process of its own, as a real endpoint is (vLLM, a remote API).
+def model_process(turns: int) -> Any:
+    """The scripted model in a process of its own (tests.scripted_model.ScriptedModelProcess):
+    both sides talk to it over HTTP, and its request handling takes no GIL from sandflow's
+    episode threads (the peer runs in a process of its own anyway)."""
+    from tests.scripted_model import ScriptedModelProcess
 
-    Why: in the benchmark's own interpreter its request handling would take sandflow's
-    GIL (sandflow runs in this process; the peer runs in its own), charging the model's
-    CPU to one side only. Both sides talk to this one process over HTTP.
-    """
-
-    def __init__(self, turns: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--serve-model", str(turns)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT),
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        if not line.startswith("http://127.0.0.1:"):
-            self.stop()
-            raise RuntimeError(f"the scripted model process did not start (it said {line!r})")
-        self.url = line
-
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()  # its signal to stop
-            self.proc.wait(timeout=10)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+    argv = [sys.executable, str(Path(__file__).resolve()), "--serve-model", str(turns)]
+    return ScriptedModelProcess(argv, cwd=str(ROOT))
 
 
 def serve_model(turns: int) -> None:
     """`--serve-model N`: serve the scripted model, print its URL, stop when stdin closes."""
-    model = scripted_model(turns)
-    print(model.url, flush=True)
-    try:
-        sys.stdin.read()
-    finally:
-        model.stop()
+    from tests.scripted_model import serve_until_eof
+
+    serve_until_eof(scripted_model(turns))
 
 
 # ---------------------------------------------------------------------- the tasks
@@ -368,7 +345,7 @@ def main() -> None:
     client.images.get(DEFAULT_SPEC.tag).tag(*PEER_IMAGE.split(":"))  # same image for both
     tasks = make_tasks(args.tasks)
     work = Path(tempfile.mkdtemp(prefix="sandflow-peer-bench-"))
-    model = ModelProcess(args.turns)
+    model = model_process(args.turns)
     load: dict[str, float] = {}
     try:
         taskset = write_taskset(tasks, work / "tasks.parquet")

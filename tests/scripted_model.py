@@ -38,6 +38,8 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -46,7 +48,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["Fault", "Reply", "ScriptedModel", "ToyTokenizer", "text_reply", "tool_reply", "tool_call"]
+__all__ = ["Fault", "Reply", "ScriptedModel", "ScriptedModelProcess", "serve_until_eof", "ToyTokenizer", "text_reply", "tool_reply", "tool_call"]
 
 
 def tool_call(name: str, arguments: dict[str, Any] | str, call_id: str | None = None) -> dict:
@@ -260,6 +262,47 @@ class ScriptedModel:
 
     def __enter__(self) -> ScriptedModel:
         return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_until_eof(model: ScriptedModel) -> None:
+    """Serve `model`, print its URL, stop when stdin closes: the child side of
+    ScriptedModelProcess (a benchmark's hidden `--serve-...` flag calls it)."""
+    with model:
+        print(model.url, flush=True)
+        sys.stdin.read()
+
+
+class ScriptedModelProcess:
+    """A scripted model in a process of its own, as a real endpoint is (vLLM, a remote API).
+
+    Why, for a benchmark: in the measuring interpreter its request handling takes the GIL
+    from the side being measured, and what it keeps grows the heap that side's garbage
+    collections scan. `argv` runs `serve_until_eof`; its first line is the URL.
+    """
+
+    def __init__(self, argv: list[str], cwd: str | None = None) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=cwd)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("http://127.0.0.1:"):
+            self.stop()
+            raise RuntimeError(f"the scripted model process did not start (it said {line!r})")
+        self.url = line
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()  # its signal to stop
+            self.proc.wait(timeout=10)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> ScriptedModelProcess:
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
