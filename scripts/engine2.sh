@@ -36,7 +36,9 @@ PIDFILE="$DIR/dockerd.pid"
 LOG="$DIR/dockerd.log"
 NS=sandflow-engine2
 
-say() { printf '\033[1;34m[engine2]\033[0m %s\n' "$*" >&2; }
+# colour only on a terminal (logs, cron and CI get plain text), and never with NO_COLOR
+if [ -t 2 ] && [ -z "${NO_COLOR:-}" ]; then _c=$'\033[1;34m' _r=$'\033[0m'; else _c= _r=; fi
+say() { printf '%s[engine2]%s %s\n' "$_c" "$_r" "$*" >&2; }
 die() { printf '\033[1;31m[engine2] %s\033[0m\n' "$1" >&2; exit "${2:-1}"; }
 usage() { die "usage: bash scripts/engine2.sh start|stop|halt|crash|status" 2; }
 first() { docker -H "${FIRST_DOCKER_HOST:-unix:///var/run/docker.sock}" "$@"; }

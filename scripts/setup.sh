@@ -31,7 +31,9 @@ done
 
 T0=$(date +%s)
 since() { local s=$(( $(date +%s) - $1 )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
-say() { printf '\033[1;34m[setup]\033[0m %s\n' "$*"; }
+# colour only on a terminal (logs, cron and CI get plain text), and never with NO_COLOR
+if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then _c=$'\033[1;34m' _r=$'\033[0m'; else _c= _r=; fi
+say() { printf '%s[setup]%s %s\n' "$_c" "$_r" "$*"; }
 die() { printf '\033[1;31m[setup] %s\033[0m\n' "$*" >&2; exit 1; }
 is_root() { [ "$(id -u)" = 0 ]; }
 LOGS=${SANDFLOW_SETUP_LOGS:-${XDG_CACHE_HOME:-$HOME/.cache}/sandflow/setup-logs}

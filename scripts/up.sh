@@ -9,5 +9,6 @@ bash scripts/setup.sh
 rc=0
 .venv/bin/sandflow bench "$@" || rc=$?
 s=$(( $(date +%s) - T0 ))
-printf '\033[1;34m[up]\033[0m set-up and benchmark took %dm%02ds (exit %d)\n' $((s / 60)) $((s % 60)) "$rc"
+if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then _c=$'\033[1;34m' _r=$'\033[0m'; else _c= _r=; fi
+printf '%s[up]%s set-up and benchmark took %dm%02ds (exit %d)\n' "$_c" "$_r" $((s / 60)) $((s % 60)) "$rc"
 exit "$rc"
