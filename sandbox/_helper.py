@@ -1106,11 +1106,12 @@ def op_get(req):
 # ----------------------------------------------------------------------------- fork
 
 
-def fork_processes(shell_pid):
-    """What a fork leaves behind: the command lines of every process but us and the shell."""
+def fork_processes(shell_pid, ours=()):
+    """What a fork leaves behind: the command lines of every process but us, the shell and
+    the fork's own (`ours`: its tars)."""
     out = []
     for pid in sorted(proc_table()):
-        if pid in (1, shell_pid):
+        if pid in (1, shell_pid) or pid in ours:
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -1248,7 +1249,7 @@ def fork_get(session, req, fd):
                 os.chmod(path, locked[path], follow_symlinks=False)
     out.write(b"\0" * 1024)
     out.flush()
-    procs = fork_processes(session.shell.pid)
+    procs = fork_processes(session.shell.pid, {pid for pid, _, _ in tools.procs})
     send(
         {
             "id": req["id"],
@@ -1519,6 +1520,386 @@ def write_fd(fd, data):
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+# ----------------------------------------------------------------------------- fork by pipes
+#
+# bwrap: the host gives the helper one end of a socketpair at start (SANDFLOW_CTL_FD), out of
+# the sandbox user's reach like stdin/stdout (non-dumpable, closed in every child). For a
+# fork it sends a pipe's write end to the parent's helper and its read end to the child's
+# (SCM_RIGHTS): the image's GNU tar in the parent, as the sandbox user, writes the archive
+# straight into GNU tar in the child, as the sandbox user. The bytes reach neither the host
+# nor a helper: two copies by the kernel instead of a Python export, a host relay and a
+# Python write (docs/sandbox.md, "Fork").
+
+CTL_FD = int(os.environ.get("SANDFLOW_CTL_FD") or -1)
+TAR = "/usr/bin/tar"
+TAR_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}  # never a TAR_OPTIONS of anyone's
+MAX_PIPES = 64
+ERR_KEEP = 2000
+
+
+def recv_fds(token, n):
+    """The n pipe ends the host sent for this request (its message carries `token`); a
+    stale message (a request that failed before taking its fds) is closed and skipped."""
+    import socket
+
+    if CTL_FD < 0:
+        raise ValueError("this helper has no control socket")
+    sock = socket.socket(fileno=CTL_FD)
+    try:
+        deadline = time.monotonic() + 5.0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([CTL_FD], [], [], left)[0]:
+                raise ValueError("the host's descriptors did not arrive")
+            data, fds, _, _ = socket.recv_fds(sock, 64, MAX_PIPES, socket.MSG_CMSG_CLOEXEC)
+            if not data:
+                raise EOFError("the host closed the control socket")
+            if data == token.encode() and len(fds) == n:
+                break
+            for fd in fds:
+                os.close(fd)
+    finally:
+        sock.detach()
+    if not all(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in fds):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("the host sent a descriptor that is not a pipe")
+    return fds
+
+
+def spawn_user(argv, stdin, stdout, stderr):
+    """Run argv as the sandbox user (no capability), its std fds given, nothing else open."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            null = os.open("/dev/null", os.O_RDWR)
+            os.dup2(null if stdin is None else stdin, 0)
+            os.dup2(null if stdout is None else stdout, 1)
+            os.dup2(stderr, 2)
+            close_inherited_fds()
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            apply_rlimits()
+            become_sandbox_user()
+            os.execve(argv[0], argv, TAR_ENV)
+        finally:
+            os._exit(127)
+    return pid
+
+
+class Tools:
+    """Processes started as the sandbox user for one fork (GNU tar), running while the
+    helper answers other requests (the shell state's dump or replay); `wait` ends them."""
+
+    def __init__(self, deadline):
+        self.deadline = deadline
+        self.procs = []  # (pid, pidfd, the head of its stderr)
+        self.errs = {}  # stderr read end -> the head of what it said
+        self.locked = {}
+        self.skipped = {}
+
+    def start(self, argv, fd_in, fd_out):
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = spawn_user(argv, fd_in, fd_out, w)
+        except OSError:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        head = bytearray()
+        self.procs.append((pid, os.pidfd_open(pid), head))
+        self.errs[r] = head
+
+    def _drain(self, fd):
+        chunk = b""
+        with contextlib.suppress(OSError):
+            chunk = os.read(fd, 65536)
+        if chunk:
+            head = self.errs[fd]
+            head += chunk[: max(0, ERR_KEEP - len(head))]
+        else:
+            os.close(fd)
+            del self.errs[fd]
+
+    def feed(self, fd, data):
+        """Write `data` to a tar's stdin (non-blocking), reading the tars' stderr while it
+        waits (a tar blocked on its stderr never reads on); False past the deadline or when
+        that tar is gone."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                return False
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                return False
+            readable, _, _ = select.select(list(self.errs), [fd], [], left)
+            for efd in readable:
+                self._drain(efd)
+        return True
+
+    def kill(self):
+        for pid, _, _ in self.procs:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def wait(self):
+        """Until every process ended or the deadline passed (then they are killed):
+        [(exit status, or None when killed; the head of its stderr)]."""
+        try:
+            live = {pidfd for _, pidfd, _ in self.procs}
+            while live and (left := self.deadline - time.monotonic()) > 0:
+                for fd in select.select(list(live) + list(self.errs), [], [], left)[0]:
+                    if fd in live:
+                        live.discard(fd)
+                    else:
+                        self._drain(fd)
+            for fd in list(self.errs):  # ended; a grandchild may hold a stderr open
+                os.set_blocking(fd, False)
+                self._drain(fd)
+            out = []
+            for pid, pidfd, head in self.procs:
+                if pidfd in live:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                try:
+                    _, status = os.waitpid(pid, 0)
+                except ChildProcessError:  # reaped by reap() during another request
+                    status = DEAD.pop(pid, None)
+                code = None if pidfd in live or status is None else os.waitstatus_to_exitcode(status)
+                out.append((code, head.decode("utf-8", "replace")))
+            return out
+        finally:
+            self.close()
+
+    def close(self):
+        for _, pidfd, _ in self.procs:
+            os.close(pidfd)
+        for fd in self.errs:
+            os.close(fd)
+        self.procs, self.errs = [], {}
+        for path in reversed(self.locked):  # files, then folders from the deepest
+            with contextlib.suppress(OSError):
+                os.chmod(path, self.locked[path], follow_symlinks=False)
+        self.locked = {}
+
+
+FORK_TOOLS = {}  # "send" / "recv": the fork in flight in this sandbox (one at a time)
+
+
+def fork_tools(side, deadline):
+    """A new fork's Tools for `side`; one left by a fork the host gave up on is ended."""
+    old = FORK_TOOLS.pop(side, None)
+    if old is not None:
+        old.kill()
+        old.wait()
+    FORK_TOOLS[side] = Tools(deadline)
+    return FORK_TOOLS[side]
+
+
+def fork_walk(roots, deadline, max_entries, max_bytes, outs, tools):
+    """One walk of the writable places as the sandbox user, each name written (NUL-ended)
+    to every tar's list as it is found (each place first, a folder before its contents):
+    the tars archive while the walk goes on. The user's own locked folders and files are
+    opened for the owner (tools.locked: their modes, put back when the tars end).
+    Fifos, sockets and devices are left out (counted). Stops at the first bound.
+    Returns (entries, bytes)."""
+    skipped = tools.skipped
+    pending = []
+    count = total = 0
+
+    def emit(path):
+        pending.append(path[1:].encode("utf-8", "surrogateescape"))
+        if len(pending) >= 256:
+            flush()
+
+    def flush():
+        if pending:
+            data = b"\0".join(pending) + b"\0"
+            pending.clear()
+            for fd in outs:
+                tools.feed(fd, data)  # a tar gone or late: its status says so
+
+    for root in roots:
+        emit(root)
+        stack = [root]
+        while stack:
+            if time.monotonic() > deadline:
+                skipped["time_limit"] = 1
+                return count, total
+            d = stack.pop()
+            try:
+                with os.scandir(d) as it:
+                    entries = list(it)
+            except OSError:
+                skipped["unreadable"] = skipped.get("unreadable", 0) + 1
+                continue
+            for e in entries:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                mode = st.st_mode
+                if stat.S_ISDIR(mode):
+                    need = 0o700
+                elif stat.S_ISREG(mode):
+                    need = 0o400
+                    total += st.st_size
+                elif stat.S_ISLNK(mode):
+                    need = 0
+                else:  # fifos, sockets, devices are not carried
+                    skipped["special"] = skipped.get("special", 0) + 1
+                    continue
+                if st.st_uid == SANDBOX_UID and mode & need != need:
+                    try:
+                        os.chmod(e.path, stat.S_IMODE(mode) | need, follow_symlinks=False)
+                        tools.locked[e.path] = stat.S_IMODE(mode)
+                    except OSError:
+                        pass
+                elif need and not readable_by_user(st):
+                    skipped["unreadable"] = skipped.get("unreadable", 0) + 1
+                    continue
+                count += 1
+                if count > max_entries > 0:
+                    skipped["over_count"] = 1
+                    return count, total
+                if total > max_bytes > 0:
+                    skipped["over_size"] = 1
+                    return count, total
+                emit(e.path)
+                if need == 0o700:
+                    stack.append(e.path)
+    flush()
+    return count, total
+
+
+def readable_by_user(st):
+    """Could the sandbox user (no supplementary group) read this file / list this folder?"""
+    need = 5 if stat.S_ISDIR(st.st_mode) else 4
+    if st.st_uid == SANDBOX_UID:
+        return (st.st_mode >> 6) & need == need
+    if st.st_gid == SANDBOX_GID:
+        return (st.st_mode >> 3) & need == need
+    return st.st_mode & need == need
+
+
+def fork_deadline(req):
+    max_seconds = float(req.get("max_seconds") or 0)
+    return time.monotonic() + (max_seconds if max_seconds > 0 else 3600.0)
+
+
+def op_fork_send(session, req):
+    """The parent's side of a fork by pipes: one GNU tar per pipe the host sent, as the
+    sandbox user, archiving the names the walk feeds it (fork_walk), bounded like fork_get:
+    entries and bytes by the walk (past one the tars are killed: the children's archives
+    end early and the host refuses the fork), time by the deadline. Answers when the walk
+    ends, the tars still running (op_fork_wait ends them): the answer names what was
+    locked (the children put those modes back) and the processes left behind."""
+    t0 = time.monotonic()
+    deadline = fork_deadline(req)
+    fds = recv_fds(str(req.get("token")), max(1, min(int(req.get("pipes") or 1), MAX_PIPES)))
+    tools = fork_tools("send", deadline)
+    lists = []
+    try:
+        argv = [TAR, "-c", "-f", "-", "-C", "/", "--format=gnu", "--no-recursion", "--null",
+                "--verbatim-files-from", "--ignore-failed-read", "-T", "-"]  # fmt: skip
+        for fd in fds:
+            r, w = os.pipe2(os.O_CLOEXEC)
+            lists.append(w)
+            os.set_blocking(w, False)
+            with contextlib.suppress(OSError):
+                fcntl_setpipe(w)
+            try:
+                tools.start(argv, r, fd)
+            finally:
+                os.close(r)
+        roots = wipe_roots()
+        entries, total = fork_walk(
+            roots,
+            deadline,
+            int(req.get("max_entries") or 0),
+            int(req.get("max_bytes") or 0),
+            lists,
+            tools,
+        )
+    except BaseException:
+        tools.kill()
+        raise
+    finally:
+        for fd in fds + lists:
+            os.close(fd)
+    if any(k in tools.skipped for k in ("over_count", "over_size", "time_limit")):
+        tools.kill()
+    procs = fork_processes(session.shell.pid, {pid for pid, _, _ in tools.procs})
+    send(
+        {
+            "id": req["id"],
+            "ok": True,
+            "roots": roots,
+            "summary": {"entries": entries, "bytes": total, "skipped": tools.skipped,
+                        "seconds": round(time.monotonic() - t0, 3)},  # fmt: skip
+            "locked": dict(list(tools.locked.items())[:10000]),
+            "processes": procs[:20],
+            "process_count": len(procs),
+        }
+    )
+
+
+def fcntl_setpipe(fd, size=1 << 20):
+    import fcntl
+
+    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+
+
+def op_fork_recv(req):
+    """A child's side of a fork by pipes: GNU tar, as the sandbox user, extracts what
+    arrives on the pipe the host sent, only under this sandbox's writable places (the
+    member names given to tar; GNU tar itself refuses `..` and absolute names and makes
+    the archive's symlinks only after every other member: nothing is written through
+    one), files with their modes and mtimes, the places themselves left as they are.
+    What the parent sent is hostile: it can write no more than the sandbox user could
+    (this sandbox's tmpfs sizes bound it), and tar is killed at the deadline. Answers at
+    once; op_fork_wait says how tar ended."""
+    deadline = fork_deadline(req)
+    (fd,) = recv_fds(str(req.get("token")), 1)
+    tools = fork_tools("recv", deadline)
+    roots = [r[1:] for r in wipe_roots()]
+    # the places themselves are left as they are (exactly those names excluded: no
+    # recursion for those patterns); only what is under them is written
+    argv = [TAR, "-x", "-f", "-", "-C", "/", "--no-same-owner", "--preserve-permissions",
+            "--no-recursion", "--anchored", "--no-wildcards",
+            *[f"--exclude={r}" for r in roots], "--recursion", "--", *roots]  # fmt: skip
+    try:
+        tools.start(argv, fd, None)
+    finally:
+        os.close(fd)
+    send({"id": req["id"], "ok": True})
+
+
+def op_fork_wait(req):
+    """The end of this sandbox's side of a fork (op_fork_send / op_fork_recv): its tars'
+    exit, the parent's locked modes put back."""
+    side = "send" if req.get("side") == "send" else "recv"
+    tools = FORK_TOOLS.pop(side, None)
+    if tools is None:
+        raise ValueError("no fork in flight here")
+    statuses = tools.wait()
+    ok = (0, 1) if side == "send" else (0,)  # tar -c: 1 is "a file changed as we read it"
+    bad = [(code, err) for code, err in statuses if code not in ok]
+    if not bad:
+        send({"id": req["id"], "ok": True})
+        return
+    code, err = bad[0]
+    why = "its time limit ran out" if code is None else f"tar exited {code}: {err[-600:]}"
+    where = "read" if side == "send" else "written"
+    send({"id": req["id"], "ok": False, "error": f"the fork's archive was not {where} ({why})"})
 
 
 # ----------------------------------------------------------------------------- reset
@@ -1814,6 +2195,8 @@ def op_reset(session, chan, req):
     """
     global T_START, LIFETIME_S
     session.shell.kill()
+    for side in list(FORK_TOOLS):  # a fork the host gave up on: its tars go with the rest
+        FORK_TOOLS.pop(side).close()
     failed = []
     if not others_gone():
         failed.append("processes survived SIGKILL")
@@ -1910,6 +2293,12 @@ def main():
                 op_fork_get(session, req)
             elif op == "fork_put":
                 op_fork_put(chan, req)
+            elif op == "fork_send":
+                op_fork_send(session, req)
+            elif op == "fork_recv":
+                op_fork_recv(req)
+            elif op == "fork_wait":
+                op_fork_wait(req)
             elif op == "reset":
                 session, failed = op_reset(session, chan, req)
                 send({"id": rid, "ok": not failed, "failed": failed[:20]})

@@ -33,6 +33,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -213,6 +214,8 @@ class BwrapSandbox(HelperSandbox):
         self.labels = make_labels(config, self.backend)
         self.cgroups: Cgroups | None = Cgroups(self.id) if Cgroups.available() else None
         self.proc: subprocess.Popen[bytes] | None = None
+        self.ctl: socket.socket | None = None  # the helper's control socket (a fork's pipes)
+        self.ctl_fd_inside = -1
         self.nat: UserNat | None = None
         self.state_file: Path | None = None
         t0 = time.perf_counter()
@@ -302,6 +305,8 @@ class BwrapSandbox(HelperSandbox):
             env["SANDFLOW_RLIMITS"] = f"AS={lim.memory_mb << 20},NPROC={lim.pids}"
         if self.egress is not None:
             env.update(bwrap_egress.sandbox_env(self.egress))
+        if self.ctl_fd_inside >= 0:
+            env["SANDFLOW_CTL_FD"] = str(self.ctl_fd_inside)
         return env
 
     def _start(self) -> None:
@@ -318,7 +323,10 @@ class BwrapSandbox(HelperSandbox):
             if self.cgroups is not None:
                 self.cgroups.remove()
             raise SandboxError(str(e)) from None
-        fds: list[int] = [filter_r]  # ours to close once bwrap has them
+        # the helper's control socket: a fork's pipe ends are passed over it (sandbox/fork.py)
+        self.ctl, ctl_box = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.ctl_fd_inside = ctl_box.detach()
+        fds: list[int] = [filter_r, self.ctl_fd_inside]  # ours to close once bwrap has them
         info_r = block_w = -1
         if self.egress is not None:
             # bwrap reports the sandbox's pid, then waits on block_r (after its namespaces and
@@ -394,6 +402,8 @@ class BwrapSandbox(HelperSandbox):
             self.nat.close()
         if self.tap is not None:
             self.tap.close()
+        if self.ctl is not None:
+            self.ctl.close()
         if self.cgroups is not None:
             self.cgroups.remove()
         if self.state_file is not None:

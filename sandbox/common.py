@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import posixpath
+import socket
 import tarfile
 import threading
 import time
@@ -469,6 +470,9 @@ class HelperSandbox(ABC):
     # a side channel a fork's bytes may take instead of the helper's stdin/stdout
     # (docker: sandbox/bulk.py); None: the helper's channel carries them
     bulk: BulkOffer | None = None
+    # a socket to the helper that carries a fork's pipe ends (bwrap: sandbox/fork.py,
+    # "fork by pipes"); None: the fork's bytes go through the host
+    ctl: socket.socket | None = None
 
     def fork(self, n: int = 1, *, children: list[HelperSandbox] | None = None) -> list[Any]:
         """n new sandboxes whose writable places and shell state equal this one's now;

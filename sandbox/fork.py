@@ -18,8 +18,14 @@ extended attributes and ACLs, System V IPC objects, the kernel keyring, open fds
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import queue
 import re
+import secrets
+import shlex
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -56,7 +62,7 @@ SHELLOPTS|DIRSTACK|COMP_*|_|__sf_*|OPTIND|OPTERR) ;;
 declare -f; declare -Fx; alias -p; trap -p
 echo 'unset -f __sf_fork_dump'; shopt -p; set +o
 if [[ -v BASH_COMPAT ]]; then declare -p BASH_COMPAT; else echo 'unset BASH_COMPAT'; fi
-printf 'builtin cd -- %q\n' "$PWD"; declare -p OLDPWD 2>/dev/null || echo 'unset OLDPWD'
+echo '#@cd'; printf 'builtin cd -- %q\n' "$PWD"; declare -p OLDPWD 2>/dev/null || echo 'unset OLDPWD'
 printf '__sf_rc %d\n' "$__sf_s"
 unset -f __sf_fork_dump; return "$__sf_s"; }; __sf_fork_dump "$__sf_fork_s"
 """
@@ -111,7 +117,7 @@ def fork_sandbox(
     if children is not None and len(children) != n:
         raise ValueError(f"fork: {n} children asked for but {len(children)} sandboxes given")
     t0 = time.perf_counter()
-    shell = read_shell(parent)
+    shell = "" if parent.ctl is not None else read_shell(parent)  # else read while copying
     opened: list[Any] = []
     given = list(children or [])
     streamed = False
@@ -126,8 +132,12 @@ def fork_sandbox(
                     children.append(open_one())
             opened = list(children)
         streamed = True
-        info = stream_files(parent, children)
-        _parallel([partial(replay_shell, c, shell) for c in children])
+        if parent.ctl is not None and all(getattr(c, "ctl", None) for c in children):
+            info = fork_by_pipes(parent, children)
+        else:
+            shell = shell or read_shell(parent)
+            info = stream_files(parent, children)
+            _parallel([partial(replay_shell, c, shell) for c in children])
     except BaseException:
         for c in opened:
             c.close()
@@ -197,9 +207,10 @@ def read_shell(parent: HelperSandbox) -> str:
 
 
 def stream_files(parent: HelperSandbox, children: list[Any]) -> ForkInfo:
-    """The parent's writable places into every child: each frame passed on as it arrives
-    (one sender thread per child, QUEUE_FRAMES queued each). The parent's bounds are
-    checked when its export ends; past one, the children are told to stop (ForkError)."""
+    """The parent's writable places into every child through the host (docker; the fork
+    by pipes is fork_by_pipes): each frame passed on as it arrives (one sender thread per
+    child, QUEUE_FRAMES queued each). The parent's bounds are checked when its export
+    ends; past one, the children are told to stop (ForkError)."""
     limits = parent.copy_limits
     max_bytes = min(writable_bound(parent), limits.max_bytes)
     msg = {
@@ -244,6 +255,139 @@ def stream_files(parent: HelperSandbox, children: list[Any]) -> ForkInfo:
         if s.error is not None:
             raise s.error
     return info
+
+
+PIPE_SIZE = 1 << 20  # each pipe's buffer: fewer switches between the two tars
+RELOCK_MAX = 10_000  # locked entries whose modes a child puts back
+
+
+def fork_by_pipes(parent: HelperSandbox, children: list[Any]) -> ForkInfo:
+    """The fork by pipes (bwrap; sandbox/_helper.py, op_fork_send / op_fork_recv /
+    op_fork_wait): one pipe per child, its read end passed to the child's helper (GNU tar
+    extracts from it as the sandbox user), the write ends to the parent's (one GNU tar per
+    pipe archives what the parent's walk names). The host holds no byte of the archive and
+    parses none. While the tars copy, the parent's shell state is read and replayed in
+    each child but its cwd (and `$?`), which follow once the files are in, with the modes
+    of what the parent's user had locked. The parent's walk checks the bounds as it goes
+    (past one its tars are killed and the fork refused); a child's tar is killed at the
+    deadline and writes no more than its tmpfs sizes hold."""
+    limits = parent.copy_limits
+    max_bytes = min(writable_bound(parent), limits.max_bytes)
+    token = secrets.token_hex(8)
+    deadline = time.monotonic() + limits.max_seconds + 60.0
+    ends: list[int] = []
+    started: list[Any] = []  # the sandboxes whose tars run: each gets a fork_wait
+    header: dict[str, Any] = {}
+    failure: BaseException | None = None
+    pending: list[tuple[Any, Any, int]] = []
+    try:
+        writers = []
+        for c in children:
+            r, w = os.pipe2(os.O_CLOEXEC)
+            ends += [r, w]
+            writers.append(w)
+            with contextlib.suppress(OSError):  # a smaller buffer only costs switches
+                fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            msg = {"op": "fork_recv", "token": token, "max_seconds": limits.max_seconds}
+            pending.append(_send_with_fds(c, msg, [r]))
+            _close(ends, r)
+        msg = {"op": "fork_send", "token": token, "pipes": len(writers), "max_bytes": max_bytes,
+               "max_entries": limits.max_files, "max_seconds": limits.max_seconds}  # fmt: skip
+        pending.append(_send_with_fds(parent, msg, writers))
+        for w in writers:  # the parent's tars hold the only write ends now
+            _close(ends, w)
+    except BaseException as e:
+        failure = e
+    finally:
+        for fd in ends:
+            os.close(fd)
+    for item in pending:  # every request sent is answered (the channels stay in step)
+        try:
+            answer = _answer(item, deadline)
+        except BaseException as e:  # noqa: BLE001 - raised below
+            failure = failure or e
+            continue
+        if answer.get("ok"):
+            started.append(item[0])
+        elif failure is None:
+            failure = ForkError(
+                f"sandbox {item[0].name}: fork refused: {str(answer.get('error'))[:300]}"
+            )
+        if item[0] is parent:
+            header = answer
+    info = _info(parent.name, header)
+    failure = failure or _over_bound(parent, info, max_bytes)
+    rest = ""
+    if failure is None:  # the shell state, while the tars copy
+        try:
+            head, _, rest = read_shell(parent).rpartition("\n#@cd\n")
+            _parallel([partial(replay_shell, c, head) for c in children])
+        except BaseException as e:
+            failure = e
+    for box in started:  # every tar ends (the children's see the end of their pipes)
+        try:
+            side = "send" if box is parent else "recv"
+            end, _ = box._helper_call({"op": "fork_wait", "side": side})
+        except BaseException as e:  # noqa: BLE001 - raised below
+            failure = failure or e
+            continue
+        if not end.get("ok") and failure is None:
+            failure = ForkError(f"sandbox {box.name}: fork failed: {str(end.get('error'))[:300]}")
+    if failure is not None:
+        raise failure
+    rest = relock_script(header.get("locked")) + rest
+    _parallel([partial(replay_shell, c, rest) for c in children])
+    return info
+
+
+def _send_with_fds(box: Any, msg: dict[str, Any], fds: list[int]) -> tuple[Any, Any, int]:
+    """Send the fds over the box's control socket, then the request naming them; holds the
+    channel until _answer."""
+    client = box._check_open()
+    client.lock.acquire()
+    try:
+        socket.send_fds(box.ctl, [msg["token"].encode()], fds)
+        rid = client._send(msg, b"")
+    except BaseException:
+        client.lock.release()
+        box.kill()
+        raise
+    return box, client, rid
+
+
+def _answer(item: tuple[Any, Any, int], deadline: float) -> dict[str, Any]:
+    """The helper's answer to a request of _send_with_fds; a broken channel removes the box."""
+    box, client, rid = item
+    try:
+        header, _ = client.read_message(deadline)
+        client._expect(header, rid)
+        return header
+    except TimeoutError:
+        box.kill()
+        raise ForkError(f"sandbox {box.name}: its side of the fork stalled; removed") from None
+    except BaseException:
+        box.kill()
+        raise
+    finally:
+        client.lock.release()
+
+
+def _close(ends: list[int], fd: int) -> None:
+    ends.remove(fd)
+    os.close(fd)
+
+
+def relock_script(raw: object) -> str:
+    """Shell lines that put back the modes the parent's user had locked (its tar read them
+    opened for the owner): deepest first, as the parent's helper did. Bounded: the map
+    came out of a sandbox."""
+    if not isinstance(raw, dict):
+        return ""
+    lines = []
+    for path, mode in list(raw.items())[:RELOCK_MAX][::-1]:
+        if isinstance(path, str) and type(mode) is int and 0 <= mode <= 0o7777 and len(path) < 4096:
+            lines.append(f"/bin/chmod {mode:o} -- {shlex.quote(path)} 2>/dev/null")
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def _over_bound(parent: HelperSandbox, info: ForkInfo, max_bytes: int) -> ForkError | None:
