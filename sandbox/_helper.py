@@ -1249,7 +1249,7 @@ def fork_get(session, req, fd):
                 os.chmod(path, locked[path], follow_symlinks=False)
     out.write(b"\0" * 1024)
     out.flush()
-    procs = fork_processes(session.shell.pid, {pid for pid, _, _ in tools.procs})
+    procs = fork_processes(session.shell.pid)
     send(
         {
             "id": req["id"],
@@ -1691,7 +1691,7 @@ class Tools:
         self.locked = {}
 
 
-FORK_TOOLS = {}  # "send" / "recv": the fork in flight in this sandbox (one at a time)
+FORK_TOOLS: dict = {}  # "send" / "recv": the fork in flight in this sandbox (one at a time)
 
 
 def fork_tools(side, deadline):
