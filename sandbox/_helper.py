@@ -1536,6 +1536,7 @@ CTL_FD = int(os.environ.get("SANDFLOW_CTL_FD") or -1)
 TAR = "/usr/bin/tar"
 TAR_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}  # never a TAR_OPTIONS of anyone's
 MAX_PIPES = 64
+LOCKED_CHARS = 256 << 10  # the locked paths a fork's answer names (the host's header bound)
 ERR_KEEP = 2000
 
 
@@ -1673,7 +1674,9 @@ class Tools:
                     _, status = os.waitpid(pid, 0)
                 except ChildProcessError:  # reaped by reap() during another request
                     status = DEAD.pop(pid, None)
-                code = None if pidfd in live or status is None else os.waitstatus_to_exitcode(status)
+                code = (
+                    None if pidfd in live or status is None else os.waitstatus_to_exitcode(status)
+                )
                 out.append((code, head.decode("utf-8", "replace")))
             return out
         finally:
@@ -1838,14 +1841,26 @@ def op_fork_send(session, req):
     if any(k in tools.skipped for k in ("over_count", "over_size", "time_limit")):
         tools.kill()
     procs = fork_processes(session.shell.pid, {pid for pid, _, _ in tools.procs})
+    locked = {}
+    room = LOCKED_CHARS
+    for path, mode in tools.locked.items():  # what fits the answer's header line
+        room -= len(path) + 16
+        if room < 0:
+            break
+        locked[path] = mode
     send(
         {
             "id": req["id"],
             "ok": True,
             "roots": roots,
-            "summary": {"entries": entries, "bytes": total, "skipped": tools.skipped,
-                        "seconds": round(time.monotonic() - t0, 3)},  # fmt: skip
-            "locked": dict(list(tools.locked.items())[:10000]),
+            "summary": {
+                "entries": entries,
+                "bytes": total,
+                "skipped": tools.skipped,
+                "seconds": round(time.monotonic() - t0, 3),
+            },
+            "locked": locked,
+            "locked_left_out": len(tools.locked) - len(locked),
             "processes": procs[:20],
             "process_count": len(procs),
         }
@@ -2249,6 +2264,9 @@ def main():
         # Fail closed: a helper the sandbox user could reach must not run at all.
         sys.stderr.write(f"sandflow helper: cannot protect its channel: {e}\n")
         sys.exit(3)
+    if CTL_FD >= 0:  # every child closes it anyway; an exec never keeps it
+        with contextlib.suppress(OSError):
+            os.set_inheritable(CTL_FD, False)
     chan = Channel()
     take_boot_state()  # what a reset must return to (op "reset")
     session = Session()

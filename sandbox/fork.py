@@ -335,6 +335,11 @@ def fork_by_pipes(parent: HelperSandbox, children: list[Any]) -> ForkInfo:
             failure = ForkError(f"sandbox {box.name}: fork failed: {str(end.get('error'))[:300]}")
     if failure is not None:
         raise failure
+    if _count(header.get("locked_left_out")):
+        raise ForkError(
+            f"sandbox {parent.name}: more locked files and folders (chmod 000 and the like) "
+            "than a fork carries the modes of: not forked"
+        )
     rest = relock_script(header.get("locked")) + rest
     _parallel([partial(replay_shell, c, rest) for c in children])
     return info
@@ -379,15 +384,19 @@ def _close(ends: list[int], fd: int) -> None:
 
 def relock_script(raw: object) -> str:
     """Shell lines that put back the modes the parent's user had locked (its tar read them
-    opened for the owner): deepest first, as the parent's helper did. Bounded: the map
-    came out of a sandbox."""
+    opened for the owner): deepest first, as the parent's helper did, one chmod for each
+    run of the same mode. Bounded: the map came out of a sandbox."""
     if not isinstance(raw, dict):
         return ""
-    lines = []
+    runs: list[tuple[int, list[str]]] = []
     for path, mode in list(raw.items())[:RELOCK_MAX][::-1]:
-        if isinstance(path, str) and type(mode) is int and 0 <= mode <= 0o7777 and len(path) < 4096:
-            lines.append(f"/bin/chmod {mode:o} -- {shlex.quote(path)} 2>/dev/null")
-    return "\n".join(lines) + "\n" if lines else ""
+        if not (isinstance(path, str) and type(mode) is int and 0 <= mode <= 0o7777):
+            continue
+        if runs and runs[-1][0] == mode and len(runs[-1][1]) < 200:
+            runs[-1][1].append(shlex.quote(path))
+        else:
+            runs.append((mode, [shlex.quote(path)]))
+    return "".join(f"/bin/chmod {m:o} -- {' '.join(ps)} 2>/dev/null\n" for m, ps in runs)
 
 
 def _over_bound(parent: HelperSandbox, info: ForkInfo, max_bytes: int) -> ForkError | None:
