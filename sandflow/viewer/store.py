@@ -55,12 +55,24 @@ class Result:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class BadFile:
+    """A file the snapshot left out: its path is shown whole (never cut, even under a
+    long TMPDIR or clone path, or the user cannot find it); only the reason may be cut."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
 @dataclass
 class SnapshotInfo:
     version: int = 0
     built_at: float = 0.0
     build_s: float = 0.0
-    bad_files: list[str] = field(default_factory=list)
+    bad_files: list[BadFile] = field(default_factory=list)
     journal_problems: list[str] = field(default_factory=list)
 
 
@@ -191,7 +203,7 @@ class LiveWarehouse:
                 version=self.info.version + 1,
                 built_at=time.time(),
                 build_s=build_s,
-                bad_files=[f"{b.path}: {b.reason}" for b in q.snapshot.bad],
+                bad_files=[BadFile(str(b.path), str(b.reason)) for b in q.snapshot.bad],
                 journal_problems=list(q.snapshot.journal_problems),
             )
             self._next_build_ok = time.monotonic() + max(self.refresh_s, 5 * build_s)
