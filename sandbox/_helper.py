@@ -111,6 +111,19 @@ def become_sandbox_user():
         os._exit(126)
 
 
+def as_sandbox_user(stdin, stdout, stderr):
+    """In a forked child about to exec: these std fds and no other, default signals, the
+    fallback rlimits, the sandbox user's identity (no capability)."""
+    os.dup2(stdin, 0)
+    os.dup2(stdout, 1)
+    os.dup2(stderr, 2)
+    close_inherited_fds()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    apply_rlimits()
+    become_sandbox_user()
+
+
 def close_inherited_fds():
     """Everything above stdin/stdout/stderr: no child holds a descriptor of the helper's."""
     os.closerange(3, MAXFD)
@@ -308,14 +321,7 @@ class Shell:
         if pid == 0:  # child
             try:
                 os.setsid()
-                os.dup2(r_in, 0)
-                os.dup2(w_out, 1)
-                os.dup2(w_err, 2)
-                close_inherited_fds()
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGHUP):
-                    signal.signal(sig, signal.SIG_DFL)
-                apply_rlimits()
-                become_sandbox_user()
+                as_sandbox_user(r_in, w_out, w_err)
                 try:
                     os.chdir(WORKDIR)
                 except OSError:
@@ -1126,32 +1132,45 @@ def unlock_owned(roots, deadline):
     """{path: mode} of the sandbox user's own folders it cannot list and files it cannot
     read (chmod 000), opened for the owner for the time of a fork's export: the user could
     do it itself, and a fork must carry them. Their modes are put back right after."""
-    locked = {}
+    locked: dict = {}
     stack = list(roots)
     while stack and time.monotonic() < deadline:
-        d = stack.pop()
-        try:
-            with os.scandir(d) as it:
-                entries = list(it)
-        except OSError:
-            continue
-        for e in entries:
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
+        for e, st in listed(stack.pop()) or ():
             is_dir = stat.S_ISDIR(st.st_mode)
             need = 0o700 if is_dir else 0o400
             mine = st.st_uid == SANDBOX_UID and (is_dir or stat.S_ISREG(st.st_mode))
             if mine and st.st_mode & need != need:
-                try:
-                    os.chmod(e.path, stat.S_IMODE(st.st_mode) | need, follow_symlinks=False)
-                    locked[e.path] = stat.S_IMODE(st.st_mode)
-                except OSError:
-                    pass
+                open_for_owner(e.path, st.st_mode, need, locked)
             if is_dir:
                 stack.append(e.path)
     return locked
+
+
+def listed(d):
+    """[(entry, its lstat)] of folder `d` (entries that vanish are left out); None when
+    it cannot be listed."""
+    try:
+        with os.scandir(d) as it:
+            entries = list(it)
+    except OSError:
+        return None
+    out = []
+    for e in entries:
+        try:
+            out.append((e, e.stat(follow_symlinks=False)))
+        except OSError:
+            continue
+    return out
+
+
+def open_for_owner(path, mode, need, locked):
+    """The sandbox user's own locked file or folder given the `need` bits for the time of a
+    fork's export; its mode kept in `locked` (put back after)."""
+    try:
+        os.chmod(path, stat.S_IMODE(mode) | need, follow_symlinks=False)
+        locked[path] = stat.S_IMODE(mode)
+    except OSError:
+        pass
 
 
 FORK_FRAME = 1 << 20  # a fork's frames: few (each a handoff between threads on the host)
@@ -1571,19 +1590,15 @@ def recv_fds(token, n):
 
 
 def spawn_user(argv, stdin, stdout, stderr):
-    """Run argv as the sandbox user (no capability), its std fds given, nothing else open."""
+    """Run argv as the sandbox user (no capability), its std fds given (None: /dev/null),
+    nothing else open."""
     pid = os.fork()
     if pid == 0:
         try:
             null = os.open("/dev/null", os.O_RDWR)
-            os.dup2(null if stdin is None else stdin, 0)
-            os.dup2(null if stdout is None else stdout, 1)
-            os.dup2(stderr, 2)
-            close_inherited_fds()
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_DFL)
-            apply_rlimits()
-            become_sandbox_user()
+            as_sandbox_user(
+                null if stdin is None else stdin, null if stdout is None else stdout, stderr
+            )
             os.execve(argv[0], argv, TAR_ENV)
         finally:
             os._exit(127)
@@ -1737,18 +1752,11 @@ def fork_walk(roots, deadline, max_entries, max_bytes, outs, tools):
             if time.monotonic() > deadline:
                 skipped["time_limit"] = 1
                 return count, total
-            d = stack.pop()
-            try:
-                with os.scandir(d) as it:
-                    entries = list(it)
-            except OSError:
+            entries = listed(stack.pop())
+            if entries is None:
                 skipped["unreadable"] = skipped.get("unreadable", 0) + 1
                 continue
-            for e in entries:
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
+            for e, st in entries:
                 mode = st.st_mode
                 if stat.S_ISDIR(mode):
                     need = 0o700
@@ -1761,11 +1769,7 @@ def fork_walk(roots, deadline, max_entries, max_bytes, outs, tools):
                     skipped["special"] = skipped.get("special", 0) + 1
                     continue
                 if st.st_uid == SANDBOX_UID and mode & need != need:
-                    try:
-                        os.chmod(e.path, stat.S_IMODE(mode) | need, follow_symlinks=False)
-                        tools.locked[e.path] = stat.S_IMODE(mode)
-                    except OSError:
-                        pass
+                    open_for_owner(e.path, mode, need, tools.locked)
                 elif need and not readable_by_user(st):
                     skipped["unreadable"] = skipped.get("unreadable", 0) + 1
                     continue

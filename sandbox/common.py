@@ -16,9 +16,9 @@ import tarfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from pydantic import ValidationError
 
@@ -49,6 +49,7 @@ from sandbox.usage import ResourceUsage
 if TYPE_CHECKING:
     from sandbox.fork import ForkInfo
 
+T = TypeVar("T")
 log = logging.getLogger("sandflow.sandbox")
 
 # Host-side slack on top of a command's own timeout: the helper needs up to ~2 s to kill a
@@ -399,8 +400,13 @@ class HelperSandbox(ABC):
 
     def _helper_call(self, msg: dict, payload: bytes = b"") -> tuple[dict, bytes]:
         client = self._check_open()
+        return self._guarded(lambda: client.request(msg, payload, timeout=FILE_OP_TIMEOUT_S))
+
+    def _guarded(self, call: Callable[[], T]) -> T:
+        """`call()` on the helper's channel: an expired lifetime, a stall or a broken
+        channel removes the sandbox (SandboxExpired, SandboxError)."""
         try:
-            return client.request(msg, payload, timeout=FILE_OP_TIMEOUT_S)
+            return call()
         except SandboxExpiredSignal:
             self._expire()
             raise AssertionError("unreachable") from None

@@ -363,18 +363,17 @@ def _send_with_fds(box: Any, msg: dict[str, Any], fds: list[int]) -> tuple[Any, 
 def _answer(item: tuple[Any, Any, int], deadline: float) -> dict[str, Any]:
     """The helper's answer to a request of _send_with_fds; a broken channel removes the box."""
     box, client, rid = item
-    try:
-        header, _ = client.read_message(deadline)
-        client._expect(header, rid)
-        return header
-    except TimeoutError:
-        box.kill()
-        raise ForkError(f"sandbox {box.name}: its side of the fork stalled; removed") from None
-    except BaseException:
-        box.kill()
-        raise
-    finally:
-        client.lock.release()
+
+    def read() -> dict[str, Any]:
+        try:
+            header, _ = client.read_message(deadline)
+            client._expect(header, rid)
+            return header
+        finally:
+            client.lock.release()
+
+    result: dict[str, Any] = box._guarded(read)
+    return result
 
 
 def _close(ends: list[int], fd: int) -> None:

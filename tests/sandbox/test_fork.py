@@ -202,6 +202,8 @@ def _tar(*members: tuple[str, bytes, str]) -> bytes:
                 info.type, info.linkname = tarfile.LNKTYPE, link[5:]
             elif link == "dir":
                 info.type, info.mode = tarfile.DIRTYPE, 0o755
+            elif link == "chr":  # /dev/null's numbers
+                info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 1, 3
             else:
                 info.size = len(data)
             tar.addfile(info, io.BytesIO(data) if info.isfile() else None)

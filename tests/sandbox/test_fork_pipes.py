@@ -13,7 +13,6 @@ the pipe ends is out of the sandbox user's reach.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import secrets
 import socket
@@ -28,6 +27,7 @@ from sandbox import SandboxConfig, SandboxLimits, open_sandbox
 from sandbox import fork as fork_mod
 from sandbox.archive import CopyLimits
 from sandbox.fork import ForkError
+from tests.sandbox.test_fork import _tar
 
 SHAPE = r"""
 mkdir -p /testbed/src/deep/er /home/sandbox/.cfg /tmp/t && cd /testbed/src
@@ -96,31 +96,6 @@ def test_the_control_socket_is_out_of_the_sandbox_users_reach(make: Callable[...
         "| grep -c socket"
     )
     assert "Permission denied" in r.stdout and r.stdout.endswith("\n0\n"), r.stdout
-
-
-def _member(name: str, data: bytes = b"", link: str = "") -> tuple[tarfile.TarInfo, bytes]:
-    info = tarfile.TarInfo(name)
-    if link.startswith("sym:"):
-        info.type, info.linkname = tarfile.SYMTYPE, link[4:]
-    elif link.startswith("hard:"):
-        info.type, info.linkname = tarfile.LNKTYPE, link[5:]
-    elif link == "dir":
-        info.type, info.mode = tarfile.DIRTYPE, 0o755
-    elif link == "fifo":
-        info.type = tarfile.FIFOTYPE
-    elif link == "chr":
-        info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 1, 3
-    else:
-        info.size = len(data)
-    return info, data
-
-
-def _tar(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:", format=tarfile.GNU_FORMAT) as tar:
-        for info, data in members:
-            tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
-    return buf.getvalue()
 
 
 def _as_parent(child: Any, feed: Callable[[int], None], max_seconds: float = 30.0) -> dict:
@@ -194,7 +169,7 @@ def test_a_child_writes_nothing_a_forged_archive_aims_outside(
     members: list, refused: bool, make: Callable[..., Any]
 ) -> None:
     child = make("pipes-forged")
-    end = _as_parent(child, _write(_tar(*[_member(*m) for m in members])))
+    end = _as_parent(child, _write(_tar(*members)))
     assert (end.get("ok") is not True) == refused, end
     r = child.exec(
         LEAKS + "; ls /testbed/d 2>/dev/null; ls -l /testbed/h 2>/dev/null; ls /dev | wc -l"
@@ -241,7 +216,7 @@ def test_a_silent_or_endless_stream_ends_at_the_deadline(
     def feed(w: int) -> None:
         held.append(w)  # kept open: the child's tar never sees the end
         if kind == "endless":  # members that keep overwriting one small file
-            one = _tar(_member("testbed/again", b"x" * 100))[:1024]  # no end of archive
+            one = _tar(("testbed/again", b"x" * 100, ""))[:1024]  # no end of archive
             os.set_blocking(w, False)
             try:
                 for _ in range(2000):
