@@ -68,7 +68,7 @@ def _no_relay(*_: object) -> None:
 
 
 def test_a_bwrap_fork_goes_by_pipes_and_equals_its_parent(
-    make: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+    make: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     parent = make("pipes-parent")
     assert parent.ctl is not None
@@ -76,6 +76,7 @@ def test_a_bwrap_fork_goes_by_pipes_and_equals_its_parent(
     monkeypatch.setattr(fork_mod, "stream_files", _no_relay)
     given = make("pipes-given")
     children = parent.fork(1, children=[given]) + parent.fork(1)
+    request.addfinalizer(children[1].close)  # the one the fork opened
     want = parent.exec(LOOK)
     assert "testbed/src/deep 0\n" in want.stdout, want
     for child in children:
