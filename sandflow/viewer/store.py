@@ -36,6 +36,7 @@ from typing import Any
 import duckdb
 
 from datasets_prep import secrets as wsecrets
+from sandflow.viewer.present import short
 from sandflow.viewer.readonly import check_read_only, lock_down
 from warehouse.query import WarehouseQuery, WarehouseQueryError, projected_source
 from warehouse.schema import TABLES
@@ -191,7 +192,9 @@ class LiveWarehouse:
                 version=self.info.version + 1,
                 built_at=time.time(),
                 build_s=build_s,
-                bad_files=[f"{b.path}: {b.reason}" for b in q.snapshot.bad],
+                # the path whole (pages never cut a path: TMPDIR/the warehouse can be
+                # long), the reason cut
+                bad_files=[f"{b.path}: {short(b.reason, 160)}" for b in q.snapshot.bad],
                 journal_problems=list(q.snapshot.journal_problems),
             )
             self._next_build_ok = time.monotonic() + max(self.refresh_s, 5 * build_s)
