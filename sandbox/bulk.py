@@ -34,6 +34,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 
 from sandbox.protocol import recv_some
@@ -159,3 +160,39 @@ def remove_leftovers(pid: int, base: str | None = None) -> None:
         for name in os.listdir(base):
             if name.startswith(f"{PREFIX}{pid}-"):
                 shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def orphaned(base: str | None = None) -> list[str]:
+    """Our bulk folders in `base` (None: base_dir()) whose owner process is gone (its pid
+    is in the name): what `sandflow sandbox gc` removes when the owner and its watchdog
+    both died (a reboot's /tmp survives on some hosts; a kill of both). Only folders of
+    our uid, never through a symlink; an owner pid that still runs (or was reused) keeps
+    its folder."""
+    base = base or base_dir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        pid = name[len(PREFIX) :].split("-", 1)[0] if name.startswith(PREFIX) else ""
+        if not pid.isdigit() or _runs(int(pid)):
+            continue
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            found.append(path)
+    return sorted(found)
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: another user's process: it runs
+        return True
+    return True

@@ -319,3 +319,41 @@ def test_a_subverted_parent_on_the_side_channel_is_bounded(
             assert "before" not in child.exec("cat /tmp/mine 2>&1").stdout
         finally:
             parent.close()
+
+
+def test_gc_removes_the_side_channel_folders_of_dead_processes_only(tmp_path: Path) -> None:
+    """Owner and watchdog both gone (kill -9 of both, a /tmp that outlived a reboot): `sandbox
+    gc` removes the folders named with a pid that no longer runs; a live owner's folder,
+    another name, and a symlink named like one (its target) stay."""
+    from sandbox import gc as G
+
+    base = _long_folder(tmp_path)
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": repo, "TMPDIR": str(base)}
+    made = subprocess.run(  # a real leftover: its owner made it and is gone
+        [sys.executable, "-c", "from sandbox.bulk import BulkDir; print(BulkDir().path)"],
+        capture_output=True, text=True, timeout=60, cwd=repo, env=env, check=True,
+    ).stdout.strip()  # fmt: skip
+    dead = Path(made)
+    assert dead.parent == base and dead.is_dir()
+    live_dir = BulkDir(base=str(base))  # ours: this process runs
+    live = Path(live_dir.path)
+    other = base / "sandflow-bulkish-1-x"
+    other.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    link = base / f"sandflow-bulk-{dead.name.split('-')[2]}-link"
+    link.symlink_to(target)
+    # the command, without an engine and with --dry-run: names it, removes nothing
+    r = subprocess.run(
+        [sys.executable, "-m", "sandflow.cli", "sandbox", "gc", "--dry-run",
+         "--docker-host", f"unix://{tmp_path}/no-engine.sock"],
+        capture_output=True, text=True, timeout=120, cwd=repo, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "would remove 1 fork side channel folder(s) of dead processes" in r.stdout, r.stdout
+    assert f"  {dead}\n" in r.stdout and dead.exists()
+    assert G.collect_bulk(base=str(base)) == [str(dead)]
+    assert not dead.exists()
+    assert live.is_dir() and other.is_dir() and link.is_symlink() and target.is_dir()
+    live_dir.remove()
