@@ -139,7 +139,7 @@ def bind_in(sock: socket.socket, folder: str, name: str) -> None:
     """Bind the unix socket `sock` to `folder/name`, however long `folder`'s path is.
 
     The name is resolved through a descriptor of the folder (`/proc/self/fd/N/name`,
-    Linux): ~20 bytes whatever the folder, and the socket lands in the folder opened
+    Linux): ~55 bytes whatever the folder, and the socket lands in the folder opened
     (O_NOFOLLOW: never through a symlink put in its place). Without /proc, the plain path
     (which then must fit in 107 bytes; OSError if not)."""
     fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
