@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from analysis.statistics import (
     paired_comparison,
     solved,
 )
+
+if TYPE_CHECKING:
+    from tasks.records import EpisodeRecord
 
 ALL = "(all)"
 DEFAULT_ALPHA = 0.05
@@ -83,7 +86,7 @@ def outcomes_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[Outcome]:
     return out
 
 
-def outcomes_from_episodes(episodes: Iterable[Any], scores: Mapping[str, Any]) -> list[Outcome]:
+def outcomes_from_episodes(episodes: Iterable[EpisodeRecord], scores: Mapping[str, Any]) -> list[Outcome]:
     """A run's episode records and its scores (episode_id -> object with .score, .passed).
 
     An episode without a termination (unfinished) counts as an infrastructure failure,
@@ -95,12 +98,7 @@ def outcomes_from_episodes(episodes: Iterable[Any], scores: Mapping[str, Any]) -
         infra = bool(e.is_infra_failure) or e.termination is None
         out.append(
             Outcome(
-                run_id=e.run_id,
-                episode_id=e.episode_id,
-                task_id=e.task_id,
-                domain=e.domain,
-                mode=e.mode,
-                sample_index=e.sample_index,
+                **e.identity(),
                 score=None if s is None else float(s.score),
                 passed=None if s is None or s.passed is None else bool(s.passed),
                 infra_failure=infra,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from sandbox.base import SandboxError
 
@@ -22,6 +23,32 @@ POOL_SIZE = 64
 
 def engine_address(docker_host: str | None = None) -> str:
     return docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def shown_address(address: str) -> str:
+    """An engine address as records, logs and errors show it: a password in it (a URL's
+    user:password@) is never written anywhere."""
+    try:
+        parts = urlsplit(address)
+        if parts.password is None:
+            return address
+        host = parts.hostname or ""
+        user = f"{parts.username}@" if parts.username else ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # not a URL docker could use either: shown without what may be secret
+        return address.split("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{user}{host}{port}"))
+
+
+def engine_of(backend: str, docker_host: str | None = None, runtime: str | None = None) -> str:
+    """Which engine a sandbox of this configuration runs on, as an episode records it
+    (`episodes.sandbox_engine`): with several engines (Dask workers each bound to one,
+    remote hosts), failures and speed are grouped by it. Known before the sandbox opens,
+    so an engine that refuses is named too. A password in the address is never kept."""
+    if backend != "docker":
+        return backend
+    label = f"docker {shown_address(engine_address(docker_host))}"
+    return f"{label} runtime={runtime}" if runtime else label
 
 
 def docker_client(docker_host: str | None = None) -> Any:
@@ -46,8 +73,10 @@ def docker_client(docker_host: str | None = None) -> Any:
                 client = docker.from_env(timeout=API_TIMEOUT_S, max_pool_size=POOL_SIZE)
             client.ping()
         except Exception as e:  # noqa: BLE001 - docker raises many kinds; one clear message
+            shown = shown_address(key)
             raise SandboxError(
-                f"No Docker engine answers at {key} ({type(e).__name__}: {str(e)[:200]}). "
+                f"No Docker engine answers at {shown} "
+                f"({type(e).__name__}: {str(e).replace(key, shown)[:200]}). "
                 "Start one with `sudo bash scripts/setup.sh`, point DOCKER_HOST (or "
                 "SandboxConfig.docker_host) at a running engine, or use the bubblewrap "
                 "backend (--backend bwrap)."
@@ -87,5 +116,6 @@ def ping(docker_host: str | None = None, timeout_s: float = 5.0) -> str | None:
         finally:
             client.close()
     except Exception as e:  # noqa: BLE001 - any failure is "does not answer"
-        return f"no Docker engine answers at {key} ({type(e).__name__}: {str(e)[:200]})"
+        shown = shown_address(key)
+        return f"no Docker engine answers at {shown} ({type(e).__name__}: {str(e).replace(key, shown)[:200]})"
     return None

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import posixpath
 import shlex
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from pydantic import BaseModel, Field
 
 from datasets_prep.task import Task, check_runnable
 from sandbox.base import Sandbox, SandboxConfig, SandboxError, SandboxLimits
+from sandbox.engine import engine_of, shown_address
 from tasks.answers import extract_answer
 from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
 from tasks.model import ContextLengthError, ModelClient, ModelConfig, ModelError, ModelReply
@@ -183,7 +185,7 @@ def run_episode(
     limits = limits or Limits()
     recorder = recorder or NullRecorder()
     prompts, messages, record = _prepare(
-        task, model_cfg, sandbox_cfg, limits, mode, sample_index, run_id, prompt_dir
+        task, model_cfg, sandbox_cfg, limits, mode, sample_index, run_id, prompt_dir, sandbox
     )
     episode = _Episode(
         task, model_cfg, prompts, limits, record, recorder, messages, on_event, client
@@ -260,7 +262,8 @@ class SteppedEpisode:
         self.recorder = recorder or NullRecorder()
         model_cfg = model_cfg or ModelConfig(model="policy")
         prompts, messages, record = _prepare(
-            task, model_cfg, sandbox_cfg, self.limits, "sandbox", sample_index, run_id, prompt_dir
+            task, model_cfg, sandbox_cfg, self.limits, "sandbox", sample_index, run_id, prompt_dir,
+            sandbox,
         )
         self._ep = _Episode(
             task, model_cfg, prompts, self.limits, record, self.recorder, messages, None, client
@@ -549,8 +552,10 @@ def _prepare(
     sample_index: int,
     run_id: str,
     prompt_dir: str | None,
+    sandbox: Sandbox | None = None,
 ) -> tuple[PromptSet, list[dict[str, Any]], EpisodeRecord]:
-    """The prompts, the first messages and the record of a new episode (nothing started)."""
+    """The prompts, the first messages and the record of a new episode (nothing started);
+    a sandbox handed in names the engine, else the config it will be opened with."""
     _check_task(task)
     prompts = load_task_prompts(task, prompt_dir)
     episode_id = episode_key(run_id, task.id, mode, sample_index)
@@ -566,6 +571,10 @@ def _prepare(
         started_at=_now(),
         prompt_messages=[dict(m) for m in messages],
         config=_public_config(model_cfg, limits, sandbox_cfg, mode),
+        worker_host=socket.gethostname(),
+        sandbox_engine=(
+            _engine_of(getattr(sandbox, "config", None) or sandbox_cfg) if mode == "sandbox" else None
+        ),
     )
     return prompts, messages, record
 
@@ -587,6 +596,11 @@ def _check_task(task: Task) -> None:
                 f"task {task.id!r}: input file {name!r} must be str or bytes, got {type(data).__name__}"
             )
     check_runnable(task)
+
+
+def _engine_of(sandbox_cfg: SandboxConfig | None) -> str:
+    cfg = sandbox_cfg if isinstance(sandbox_cfg, SandboxConfig) else SandboxConfig()
+    return engine_of(cfg.backend, cfg.docker_host, cfg.runtime)
 
 
 def _sandbox_config(
@@ -662,6 +676,8 @@ def _public_config(
     if sandbox_cfg is not None and mode == "sandbox":
         sb = sandbox_cfg.model_dump(mode="json")
         sb["env"] = sorted(sb.get("env", {}))  # names only: values may be secrets
+        if sb.get("docker_host"):
+            sb["docker_host"] = shown_address(sb["docker_host"])
         cfg["sandbox"] = sb
     return cfg
 

@@ -151,6 +151,12 @@ class EpisodeRecord(BaseModel):
     # LLM mode, or the backend cannot tell (unknown, never 0).
     sandbox_cpu_s: float | None = None
     sandbox_peak_memory_bytes: int | None = None
+    # Where it ran (None in older rows): the machine whose process drove the episode and
+    # the engine its sandbox ran on (sandbox.engine.engine_of: "docker unix:///...",
+    # "docker tcp://host2:2375", "bwrap"; None in llm mode). With several engines or
+    # hosts, `GROUP BY worker_host, sandbox_engine` shows which one fails or lags.
+    worker_host: str | None = None
+    sandbox_engine: str | None = None
     # Lineage (issue #25; None for an episode that started from its task): the episode this
     # one branched from, the first turn it produced itself (its turns before `branch_turn`
     # are the parent's, message for message) and how the parent's state was carried over:

@@ -63,13 +63,23 @@ def accepted_answers(ground_truth: Any, verifier: str) -> list[Any]:
 
 
 def register(
-    name: str, description: str, gold: GoldCheck | None = None, *, any_of: bool = True
+    name: str,
+    description: str,
+    gold: GoldCheck | None = None,
+    *,
+    any_of: bool = True,
+    text: bool = True,
 ) -> Callable[[VerifierFn], VerifierFn]:
     """Register a verifier. `any_of` (the default): a list ground truth means "any of these
     answers" -- the verifier sees one accepted answer at a time and the best score wins, so
     every such verifier applies the same rule. `any_of=False` for the verifiers whose
     ground truth is itself a structure (choice letters, an IFBench spec, a judge's
-    reference); they read a list their own documented way."""
+    reference); they read a list their own documented way.
+
+    `text` (the default): the verifier is handed the answer as text, and an empty answer
+    scores 0 here, once for all (after the ground truth's check: an unusable ground truth
+    is the task's error even then). `text=False` hands the answer as it came (the judge
+    checks its endpoint before it looks at the answer)."""
 
     def check(ground_truth: Any, task: Task | None) -> None:
         if gold is None:
@@ -82,6 +92,10 @@ def register(
             answer: Any, ground_truth: Any, task: Task | None = None, **inputs: Any
         ) -> VerifierResult:
             check(ground_truth, task)
+            if text:
+                answer = as_text(answer)
+                if answer is None:
+                    return VerifierResult(score=0.0, reason="empty answer", verifier=name)
             golds = accepted_answers(ground_truth, name) if any_of else [ground_truth]
             best: VerifierResult | None = None
             for i, g in enumerate(golds):

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from datasets_prep.verifiers.base import (
     VerifierError,
     VerifierResult,
-    as_text,
     describe,
     register,
     result,
@@ -105,7 +104,7 @@ def _gold_multi(ground_truth: Any, task: Task | None) -> None:
 
 
 def _choice(
-    answer: Any,
+    answer: str,
     ground_truth: Any,
     task: Task | None,
     *,
@@ -113,13 +112,10 @@ def _choice(
     judge: Callable[[set[str], set[str]], VerifierResult],
 ) -> VerifierResult:
     """Both choice verifiers: the gold and the chosen letters read alike, then `judge`
-    (gold, chosen) scores them; an empty answer or one naming no readable option letter
-    scores 0 (`none_found` says so)."""
+    (gold, chosen) scores them; an answer naming no readable option letter scores 0
+    (`none_found` says so)."""
     gold = gold_letters(ground_truth)
-    text = as_text(answer)
-    if text is None:
-        return result(0, "empty answer")
-    got = letters_in(text, _valid_letters(task))
+    got = letters_in(answer, _valid_letters(task))
     if got is None:
         return result(0, none_found)
     return judge(gold, got)
@@ -148,10 +144,10 @@ def _f1(gold: set[str], got: set[str]) -> VerifierResult:
 
 
 @register("choice_single", "one option letter, exact match", gold=_gold_single, any_of=False)
-def choice_single(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+def choice_single(answer: str, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     return _choice(answer, ground_truth, task, none_found="no option letter found in the answer", judge=_exactly_one)
 
 
 @register("choice_multi", "a set of option letters, F1 against the gold set", gold=_gold_multi, any_of=False)
-def choice_multi(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+def choice_multi(answer: str, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     return _choice(answer, ground_truth, task, none_found="no option letters found in the answer", judge=_f1)

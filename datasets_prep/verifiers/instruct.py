@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from datasets_prep.verifiers.base import (
     VerifierError,
     VerifierResult,
-    as_text,
     describe,
     register,
     result,
@@ -109,14 +108,11 @@ def check(response: str, ids: list[str], kwargs: list[dict[str, Any]], prompt: s
     return out
 
 
-def _score(answer: Any, ground_truth: Any, task: Task | None, mode: str) -> VerifierResult:
+def _score(answer: str, ground_truth: Any, task: Task | None, mode: str) -> VerifierResult:
     ids, kwargs, prompt = parse_spec(ground_truth, task)
-    text = as_text(answer)
-    if text is None:
-        return result(0, "empty answer")
-    if "</think>" in text:
-        text = text.split("</think>", 1)[1].strip()
-    checks = check(text, ids, kwargs, prompt)
+    if "</think>" in answer:
+        answer = answer.split("</think>", 1)[1].strip()
+    checks = check(answer, ids, kwargs, prompt)
     checked = [c for c in checks if "unsupported" not in c]
     unsupported = [c for c in checks if "unsupported" in c]
     if not checked:
@@ -136,10 +132,10 @@ def _score(answer: Any, ground_truth: Any, task: Task | None, mode: str) -> Veri
 
 
 @register("instruction", "IFBench checkers, loose mode (all instructions must pass)", gold=_gold_spec, any_of=False)
-def instruction_loose(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+def instruction_loose(answer: str, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     return _score(answer, ground_truth, task, "loose")
 
 
 @register("instruction_strict", "IFBench checkers, strict mode (all instructions must pass)", gold=_gold_spec, any_of=False)
-def instruction_strict(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+def instruction_strict(answer: str, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     return _score(answer, ground_truth, task, "strict")

@@ -90,6 +90,7 @@ def _gold_reference(ground_truth: Any, task: Task | None) -> None:
 @register(
     "judge", "an LLM judge via an OpenAI-compatible endpoint (SANDFLOW_JUDGE_*), on request only",
     gold=_gold_reference, any_of=False,  # the judge is shown the whole reference, list or not
+    text=False,  # a missing endpoint is the caller's error, even for an empty answer
 )
 def judge(
     answer: Any, ground_truth: Any, task: Task | None = None, *, endpoint: JudgeEndpoint | None = None

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from datasets_prep.verifiers.base import (
     VerifierError,
     VerifierResult,
-    as_text,
     register,
     result,
     text_like,
@@ -80,9 +79,6 @@ def _gold_math(ground_truth: Any, task: Task | None) -> None:
 
 
 @register("math", "mathematical equivalence with math-verify (last \\boxed{} or last line)", gold=_gold_math)
-def math(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
-    text = as_text(answer)
-    if text is None:
-        return result(0, "empty answer")
-    ok, why = math_equal(text, ground_truth)
+def math(answer: str, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+    ok, why = math_equal(answer, ground_truth)
     return result(1 if ok else 0, why)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from datasets_prep.verifiers.base import (
     VerifierError,
     VerifierResult,
-    as_text,
     describe,
     register,
     result,
@@ -138,12 +137,9 @@ def _gold_numeric(ground_truth: Any, task: Task | None) -> None:
 
 
 @register("numeric", "a number within a tolerance (default 1% relative), units converted with pint", gold=_gold_numeric)
-def numeric(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+def numeric(answer: str, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     gold, unit, rel, abs_ = gold_quantity(ground_truth, task)
-    text = as_text(answer)
-    if text is None:
-        return result(0, "empty answer")
-    parsed = parse_quantity(final_answer(text)) or parse_quantity(text)
+    parsed = parse_quantity(final_answer(answer)) or parse_quantity(answer)
     if parsed is None:
         return result(0, "no number found in the answer")
     value, got_unit = parsed

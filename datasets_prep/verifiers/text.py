@@ -10,7 +10,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from datasets_prep.verifiers.base import VerifierResult, as_text, register, result, text_like
+from datasets_prep.verifiers.base import VerifierResult, register, result, text_like
 from datasets_prep.verifiers.extract import final_answer
 
 if TYPE_CHECKING:
@@ -38,19 +38,14 @@ def _gold_text(ground_truth: Any, task: Task | None) -> None:
 
 
 def _against_golds(
-    answer: Any, ground_truth: Any, judge: Callable[[str, list[str]], VerifierResult]
+    answer: str, ground_truth: Any, judge: Callable[[str, list[str]], VerifierResult]
 ) -> VerifierResult:
-    """exact and rouge alike: the references read first (a bad one is the task's error, not
-    the answer's), an empty answer scores 0, else `judge`(answer text, references)."""
-    golds = _golds(ground_truth)
-    text = as_text(answer)
-    if text is None:
-        return result(0, "empty answer")
-    return judge(text, golds)
+    """exact and rouge alike: `judge`(answer text, references)."""
+    return judge(answer, _golds(ground_truth))
 
 
 @register("exact", "normalised string match (case, punctuation, articles ignored); a list means any of", gold=_gold_text)
-def exact(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+def exact(answer: str, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     return _against_golds(answer, ground_truth, _exact_match)
 
 
@@ -71,7 +66,7 @@ def _scorer() -> Any:
 
 
 @register("rouge", "ROUGE-L F1 against the reference text (stemmed)", gold=_gold_text)
-def rouge(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+def rouge(answer: str, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     return _against_golds(answer, ground_truth, _rouge_l)
 
 
@@ -81,16 +76,13 @@ def _rouge_l(text: str, golds: list[str]) -> VerifierResult:
 
 
 @register("open", "open answer as the paper scores it: math-verify first, then ROUGE-L", gold=_gold_text)
-def open_answer(answer: Any, ground_truth: Any, task: Task | None = None) -> VerifierResult:
+def open_answer(answer: str, ground_truth: Any, task: Task | None = None) -> VerifierResult:
     from datasets_prep.verifiers.mathv import math_equal
 
-    text = as_text(answer)
-    if text is None:
-        return result(0, "empty answer")
     golds = _golds(ground_truth)
     for g in golds:
-        ok, why = math_equal(text, g)
+        ok, why = math_equal(answer, g)
         if ok:
             return result(1, f"mathematically equal to the reference ({why})")
-    r = rouge(text, golds, task)
+    r = rouge(answer, golds, task)
     return result(r.score, f"not a math match; {r.reason}", rouge_l=r.score)

@@ -184,6 +184,15 @@ def _build_id(out: str, build_id: str | None) -> str:
         raise
 
 
+def _stage(out: str, build_id: str | None, **overrides: Any) -> tuple[Any, str, tuple[str, str, str]]:
+    """A stage's settings (flags > SANDFLOW_* > sandflow.toml), its build id and where its
+    summary table points (out, build id, warehouse): every command resolves them alike,
+    after its own checks of the input."""
+    s = _settings(**overrides)
+    bid = _build_id(out, build_id)
+    return s, bid, (out, bid, str(s.warehouse))
+
+
 def _spec(s: Any, **flags: Any) -> Any:
     from sandflow.commands.pipeline import _run_spec
 
@@ -208,9 +217,8 @@ def cmd_ingest(
     """Documents -> pieces with stable ids, sources and offsets; every unusable document counted."""
     _check_out(out)
     _check_corpus(corpus, text_column, piece_tokens)
-    s = _settings(warehouse=warehouse)
-    bid = _build_id(out, build_id)
-    _run("data_ingest_flow", (out, bid, str(s.warehouse)), corpus, out, str(s.warehouse), verbose=verbose,
+    s, bid, where = _stage(out, build_id, warehouse=warehouse)
+    _run("data_ingest_flow", where, corpus, out, str(s.warehouse), verbose=verbose,
          text_column=text_column, piece_tokens=piece_tokens, max_doc_bytes=max_doc_bytes, limit=limit,
          build_id=bid)
 
@@ -236,9 +244,8 @@ def cmd_synth(
     _check_out(out)
     type_list = _types(types)
     _check_synth(structured, template, questions)
-    s = _settings(warehouse=warehouse, model=model, base_url=base_url)
-    bid = _build_id(out, build_id)
-    _run("data_synth_flow", (out, bid, str(s.warehouse)), out, str(s.warehouse), verbose=verbose,
+    s, bid, where = _stage(out, build_id, warehouse=warehouse, model=model, base_url=base_url)
+    _run("data_synth_flow", where, out, str(s.warehouse), verbose=verbose,
          progress="questions", model=s.model, base_url=s.base_url, questions=questions, types=type_list,
          structured=structured, concurrency=concurrency, template=template, temperature=temperature,
          max_tokens=max_tokens, domain=domain, build_id=bid)
@@ -257,9 +264,8 @@ def cmd_clean(
     """Exact and near-duplicate questions removed; questions overlapping evaluation sets removed."""
     _check_out(out)
     sets = _decontaminate(decontaminate)
-    s = _settings(warehouse=warehouse)
-    bid = _build_id(out, build_id)
-    _run("data_clean_flow", (out, bid, str(s.warehouse)), out, str(s.warehouse), verbose=verbose,
+    s, bid, where = _stage(out, build_id, warehouse=warehouse)
+    _run("data_clean_flow", where, out, str(s.warehouse), verbose=verbose,
          decontaminate=sets, ngram=ngram, threshold=threshold, build_id=bid)
 
 
@@ -285,11 +291,10 @@ def cmd_calibrate(
     """The base policy k times per candidate in the sandbox; tasks in the pass-rate band kept."""
     _check_out(out)
     _check_band(band)
-    s = _settings(warehouse=warehouse, model=model, base_url=base_url)
-    bid = _build_id(out, build_id)
+    s, bid, where = _stage(out, build_id, warehouse=warehouse, model=model, base_url=base_url)
     spec = _spec(s, mode="sandbox", concurrency=concurrency, max_steps=max_steps, wall_clock_s=wall_clock_s,
                  **({"max_tokens": max_tokens} if max_tokens else {}))
-    _run("data_calibrate_flow", (out, bid, str(s.warehouse)), out, spec, verbose=verbose,
+    _run("data_calibrate_flow", where, out, spec, verbose=verbose,
          progress="episodes", samples=samples, band=band, build_id=bid)
 
 
@@ -302,9 +307,8 @@ def cmd_export(
 ) -> None:
     """verl/rllm rows, the SFT set from passing trajectories, and the dataset card."""
     _check_out(out)
-    s = _settings(warehouse=warehouse)
-    bid = _build_id(out, build_id)
-    _run("data_export_flow", (out, bid, str(s.warehouse)), out, str(s.warehouse), verbose=verbose,
+    s, bid, where = _stage(out, build_id, warehouse=warehouse)
+    _run("data_export_flow", where, out, str(s.warehouse), verbose=verbose,
          build_id=bid)
 
 
@@ -362,12 +366,11 @@ def cmd_build(
     sets = _decontaminate(decontaminate)
     from sandflow.commands.pipeline import _budget_priced, _prices
 
-    s = _settings(warehouse=warehouse, model=model, base_url=base_url, prices=_prices(prices))
-    bid = _build_id(out, build_id)
+    s, bid, where = _stage(out, build_id, warehouse=warehouse, model=model, base_url=base_url, prices=_prices(prices))
     spec = _spec(s, mode="sandbox", concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens,
                  max_cost_usd=max_cost, max_run_tokens=max_run_tokens)
     _budget_priced(spec)
-    _run("data_build_flow", (out, bid, str(s.warehouse)), corpus, out, spec, verbose=verbose,
+    _run("data_build_flow", where, corpus, out, spec, verbose=verbose,
          progress="questions, then episodes", questions=questions, types=type_list, structured=structured,
          synth_concurrency=concurrency, template=template, synth_max_tokens=max_tokens,
          text_column=text_column, piece_tokens=piece_tokens, limit=limit, decontaminate=sets,

@@ -227,7 +227,8 @@ class Pages:
             "prompt": present.prompt_messages(ep.get("prompt_messages")) if ep else [],
             # its turns file, when the snapshot left it out as bad (named, not "no turns")
             "bad_turns_file": next(
-                (b for b in lw.info.bad_files if f"/run_id={run_id}/{episode_id}." in b), None
+                (b for b in lw.info.bad_files if f"/run_id={run_id}/{episode_id}." in b.path),
+                None,
             ),
         }
 

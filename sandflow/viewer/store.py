@@ -36,7 +36,6 @@ from typing import Any
 import duckdb
 
 from datasets_prep import secrets as wsecrets
-from sandflow.viewer.present import short
 from sandflow.viewer.readonly import check_read_only, lock_down
 from warehouse.query import WarehouseQuery, WarehouseQueryError, projected_source
 from warehouse.schema import TABLES
@@ -56,12 +55,24 @@ class Result:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class BadFile:
+    """A file the snapshot left out: its path is shown whole (never cut, even under a
+    long TMPDIR or clone path, or the user cannot find it); only the reason may be cut."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
 @dataclass
 class SnapshotInfo:
     version: int = 0
     built_at: float = 0.0
     build_s: float = 0.0
-    bad_files: list[str] = field(default_factory=list)
+    bad_files: list[BadFile] = field(default_factory=list)
     journal_problems: list[str] = field(default_factory=list)
 
 
@@ -192,9 +203,7 @@ class LiveWarehouse:
                 version=self.info.version + 1,
                 built_at=time.time(),
                 build_s=build_s,
-                # the path whole (pages never cut a path: TMPDIR/the warehouse can be
-                # long), the reason cut
-                bad_files=[f"{b.path}: {short(b.reason, 160)}" for b in q.snapshot.bad],
+                bad_files=[BadFile(str(b.path), str(b.reason)) for b in q.snapshot.bad],
                 journal_problems=list(q.snapshot.journal_problems),
             )
             self._next_build_ok = time.monotonic() + max(self.refresh_s, 5 * build_s)

@@ -10,6 +10,7 @@ is `run_flow` with the Dask task runner on that cluster, under the session's Pre
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -114,6 +115,11 @@ def test_one_run_on_two_engines_survives_a_killed_worker_that_comes_back(
     # both engines ran episodes, and the restarted worker took work after it rejoined
     assert watch.episodes["first"] and watch.episodes["second"], watch.episodes
     assert watch.episodes["second"] - killed_with, "the restarted worker took no episode"
+    # each episode names the engine its latest attempt's sandbox ran on, as the engines' events tell
+    ran_on = dict(query(wh, f"SELECT episode_id, sandbox_engine FROM episodes WHERE run_id = '{rid}'"))
+    names = {f"docker {addr}": name for name, addr in engines.items()}
+    assert {ep: names.get(e, e) for ep, e in ran_on.items()} == watch.last_engine
+    assert {h for (h,) in query(wh, f"SELECT DISTINCT worker_host FROM episodes WHERE run_id = '{rid}'")} == {socket.gethostname()}
     assert_no_sandbox_left(rid, list(engines.values()))
 
 

@@ -291,3 +291,24 @@ def test_tool_results_past_the_per_turn_byte_budget_are_clipped_then_refused(
     sizes = [len(o.content.encode()) for o in obs[:2]]
     assert sum(sizes) < 5000 + 200, sizes  # the budget plus one notice
     assert rec.turns[1].observations[0].content == "0\n1\n[exit code: 0]"
+
+
+def test_an_episode_names_its_host_and_engine_even_when_the_engine_refuses(
+    scripted_model: ScriptedModel, clean_box: Sandbox
+) -> None:
+    """`worker_host` and `sandbox_engine` say where an episode ran (several engines or
+    hosts: GROUP BY them); an engine that refuses is named too, without its password."""
+    import os
+    import socket
+
+    scripted_model.push(submit())
+    ep = run_episode(task(), fast_model(scripted_model), sandbox=clean_box).record
+    assert ep.worker_host == socket.gethostname()
+    assert ep.sandbox_engine == "docker " + (os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock")
+    refused = sandbox_config().model_copy(update={"docker_host": "tcp://me:hunter2@127.0.0.1:9"})
+    ep = run_episode(task(), fast_model(scripted_model), refused, run_id="pytest-refused").record
+    assert ep.termination == "sandbox_error", ep
+    assert ep.sandbox_engine == "docker tcp://me@127.0.0.1:9" and "hunter2" not in ep.model_dump_json()
+    scripted_model.push(text_reply("42"))
+    llm = run_episode(task(), fast_model(scripted_model), mode="llm").record
+    assert llm.sandbox_engine is None and llm.worker_host == socket.gethostname()
