@@ -81,14 +81,50 @@ def _ray_task_runner(concurrency: int) -> Any:
 
     if os.environ.get("RAY_ADDRESS"):
         return RayTaskRunner(address=os.environ["RAY_ADDRESS"])
-    return RayTaskRunner(
-        init_kwargs={
-            "num_cpus": max(1, concurrency),
-            "include_dashboard": False,
-            "object_store_memory": RAY_OBJECT_STORE_BYTES,
-            "log_to_driver": False,
-        }
-    )
+    init_kwargs: dict[str, Any] = {
+        "num_cpus": max(1, concurrency),
+        "include_dashboard": False,
+        "object_store_memory": RAY_OBJECT_STORE_BYTES,
+        "log_to_driver": False,
+    }
+    temp_dir = ray_temp_dir()
+    if temp_dir is not None:
+        init_kwargs["_temp_dir"] = temp_dir
+    return RayTaskRunner(init_kwargs=init_kwargs)
+
+
+# What Ray adds to its temp dir for a socket: /session_<date>_<time>_<us>_<pid>/sockets/
+# plasma_store (+ a counter), 67 bytes at most; a unix socket's path holds 107.
+RAY_SOCKET_TAIL = 67
+SUN_PATH_MAX = 107
+
+
+def ray_temp_dir() -> str | None:
+    """A short temp dir for a local Ray instance when its default is too long, else None.
+
+    Ray puts its sockets under RAY_TMPDIR, else TMPDIR, else /tmp (+ /ray): on a cluster
+    whose TMPDIR is long (/scratch/slurm/job-123456/...) they pass the 107 bytes of a unix
+    socket's path and Ray cannot start. Then this user's /tmp/sandflow-ray-<uid> (made
+    here; one of ours, never another user's, else a fresh mkdtemp), which Ray fills and
+    keeps as it keeps /tmp/ray (its logs, session_latest)."""
+    import os
+    import stat
+    import tempfile
+
+    base = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    if len(os.fsencode(os.path.join(base, "ray"))) + RAY_SOCKET_TAIL <= SUN_PATH_MAX:
+        return None
+    mine = f"/tmp/sandflow-ray-{os.getuid()}"
+    try:
+        os.mkdir(mine, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return tempfile.mkdtemp(prefix="sandflow-ray-", dir="/tmp")
+    st = os.lstat(mine)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():  # another user's, or a link
+        return tempfile.mkdtemp(prefix="sandflow-ray-", dir="/tmp")
+    return mine
 
 
 @flow(name="sandflow-run", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=4))  # type: ignore[arg-type]

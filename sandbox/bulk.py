@@ -19,6 +19,12 @@ member. Off without privilege separation (the helper is then the sandbox user's 
 and for a remote engine (its bind mounts are another host's folders); a helper that
 cannot connect (an engine in another mount namespace, rootless) says so and the fork goes
 over the attach stream as before.
+
+Any folder length: a unix socket's address holds at most 107 bytes (`sun_path`), and a
+cluster's TMPDIR (/scratch/slurm/job-123456/...) can pass that with the folder and the
+socket's name added. So the host binds through a descriptor of the folder
+(`/proc/self/fd/N/<name>`, `bind_in`): the name is resolved in the folder we opened,
+whatever its path. The container side is short already (MOUNT + a 37-byte name).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 
 from sandbox.protocol import recv_some
@@ -66,7 +73,7 @@ class Listener:
         self.path = os.path.join(owner.path, self.name)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.sock.bind(self.path)
+            bind_in(self.sock, owner.path, self.name)
             os.chmod(self.path, 0o600)
             self.sock.listen(1)
         except BaseException:
@@ -94,10 +101,11 @@ class BulkDir:
     """The per-sandbox host folder bind-mounted at MOUNT (one per sandbox: a helper never
     reaches another sandbox's sockets)."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: str | None = None) -> None:
         # mkdtemp: mode 0700, owned by us. Named with our pid: sandbox.reaper removes an
-        # owner's leftovers (a kill -9 leaves an empty folder) by that prefix.
-        self.path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+        # owner's leftovers (a kill -9 leaves an empty folder) by that prefix, in `base`
+        # (None: base_dir(), which the reaper is told).
+        self.path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base or base_dir())
         self.enabled = True  # False once a helper could not connect: not offered again
         self.taken = 0  # side channels the helper took (tests: a fork really used one)
 
@@ -121,10 +129,70 @@ class BulkDir:
 PREFIX = "sandflow-bulk-"
 
 
-def remove_leftovers(pid: int) -> None:
-    """The bulk folders of a process that is gone (sandbox.reaper, after a kill -9)."""
-    base = tempfile.gettempdir()
+def base_dir() -> str:
+    """Where BulkDir folders are made by default (TMPDIR, else /tmp): the reaper and
+    `sandbox gc` sweep the same place."""
+    return tempfile.gettempdir()
+
+
+def bind_in(sock: socket.socket, folder: str, name: str) -> None:
+    """Bind the unix socket `sock` to `folder/name`, however long `folder`'s path is.
+
+    The name is resolved through a descriptor of the folder (`/proc/self/fd/N/name`,
+    Linux): ~55 bytes whatever the folder, and the socket lands in the folder opened
+    (O_NOFOLLOW: never through a symlink put in its place). Without /proc, the plain path
+    (which then must fit in 107 bytes; OSError if not)."""
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if os.path.isdir("/proc/self/fd"):
+            sock.bind(f"/proc/self/fd/{fd}/{name}")
+        else:
+            sock.bind(os.path.join(folder, name))
+    finally:
+        os.close(fd)
+
+
+def remove_leftovers(pid: int, base: str | None = None) -> None:
+    """The bulk folders of a process that is gone (sandbox.reaper, after a kill -9), in
+    `base` (None: base_dir(); the reaper is handed its owner's)."""
+    base = base or base_dir()
     with contextlib.suppress(OSError):
         for name in os.listdir(base):
             if name.startswith(f"{PREFIX}{pid}-"):
                 shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def orphaned(base: str | None = None) -> list[str]:
+    """Our bulk folders in `base` (None: base_dir()) whose owner process is gone (its pid
+    is in the name): what `sandflow sandbox gc` removes when the owner and its watchdog
+    both died (a reboot's /tmp survives on some hosts; a kill of both). Only folders of
+    our uid, never through a symlink; an owner pid that still runs (or was reused) keeps
+    its folder."""
+    base = base or base_dir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        pid = name[len(PREFIX) :].split("-", 1)[0] if name.startswith(PREFIX) else ""
+        if not pid.isdigit() or _runs(int(pid)):
+            continue
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            found.append(path)
+    return sorted(found)
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: another user's process: it runs
+        return True
+    return True

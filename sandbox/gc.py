@@ -229,3 +229,17 @@ def collect(
                 remove_volume(client, vol)
             removed.append((vol, "workdir volume without its container"))
     return removed
+
+
+def collect_bulk(*, dry_run: bool = False, base: str | None = None) -> list[str]:
+    """Remove the fork side channel folders (sandbox/bulk.py) whose owner process is gone,
+    in `base` (None: this process's temp dir, where its runs make them); the paths."""
+    import shutil
+
+    from sandbox import bulk
+
+    found = bulk.orphaned(base)
+    if not dry_run:
+        for path in found:
+            shutil.rmtree(path, ignore_errors=True)
+    return found

@@ -51,7 +51,10 @@ def ensure_started(*, docker: bool, docker_host: str | None = None) -> None:
         argv = [sys.executable, "-m", "sandbox.reaper", "--pid", str(os.getpid())]
         argv += ["--pid-start", start, "--host", _hostname()]
         if docker:
+            from sandbox.bulk import base_dir
+
             argv += ["--docker"] + (["--docker-host", docker_host] if docker_host else [])
+            argv += ["--bulk-base", base_dir()]  # where our BulkDirs are, whatever its env
         r, w = os.pipe()  # both ends non-inheritable: only the watchdog gets r (as stdin)
         try:
             proc = subprocess.Popen(
@@ -126,7 +129,14 @@ def _mine(labels: dict[str, str], pid: int, start: str, host: str) -> bool:
     )
 
 
-def sweep(pid: int, start: str, host: str, docker: bool, docker_host: str | None) -> int:
+def sweep(
+    pid: int,
+    start: str,
+    host: str,
+    docker: bool,
+    docker_host: str | None,
+    bulk_base: str | None = None,
+) -> int:
     """Remove every sandbox (and holder) of the dead owner; how many were removed."""
     from sandbox import gc as G
     from sandbox import labels as L
@@ -147,7 +157,7 @@ def sweep(pid: int, start: str, host: str, docker: bool, docker_host: str | None
                     removed += 1
         from sandbox.bulk import remove_leftovers
 
-        remove_leftovers(pid)  # the fork side channels' (empty) folders
+        remove_leftovers(pid, bulk_base)  # the fork side channels' (empty) folders
     for info in G.bwrap_sandboxes():
         if _mine(info.labels, pid, start, host):
             with contextlib.suppress(Exception):
@@ -162,13 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", required=True)
     ap.add_argument("--docker", action="store_true", help="sweep the docker engine too")
     ap.add_argument("--docker-host", default=None)
+    ap.add_argument("--bulk-base", default=None, help="where the owner made its bulk folders")
     args = ap.parse_args(argv)
     wait_for_owner(args.pid, args.pid_start)
     t0 = time.monotonic()
     for at in SWEEPS_AT_S:
         time.sleep(max(0.0, t0 + at - time.monotonic()))
         with contextlib.suppress(Exception):  # engine down: the next sweep, or `sandbox gc`
-            sweep(args.pid, args.pid_start, args.host, args.docker, args.docker_host)
+            sweep(
+                args.pid, args.pid_start, args.host, args.docker, args.docker_host, args.bulk_base
+            )
     return 0
 
 

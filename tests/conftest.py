@@ -47,6 +47,21 @@ TEST_RUN_PREFIX = "pytest-"
 
 
 @pytest.fixture(scope="session")
+def short_tmp() -> Iterator[Path]:
+    """A folder with a short path (/tmp/sf-XXXXXXXX), removed after the session.
+
+    Why: a unix socket's path holds 107 bytes, and TMPDIR and tmp_path can be long (a
+    cluster's /scratch/slurm/job-123456/..., a CI's 70-char folder). What a test binds
+    itself, or a tool binds under TMPDIR (Chromium's singleton socket), goes here, so the
+    suite passes under a long TMPDIR; sandflow's own sockets cope with any length."""
+    import shutil
+
+    path = tempfile.mkdtemp(prefix="sf-", dir="/tmp")
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
     """One ephemeral Prefect API for the whole session (never nest harnesses)."""
     from prefect.testing.utilities import prefect_test_harness

@@ -191,7 +191,8 @@ def sandbox_gc(
 
     Only containers labelled sandflow.run_id are considered, never anything else of the
     same image. Owner liveness is checked for sandboxes opened on this host (pid and its
-    start time); sandboxes of other hosts are removed by TTL only.
+    start time); sandboxes of other hosts are removed by TTL only. Without --run-id, also
+    the docker fork side channel folders (TMPDIR/sandflow-bulk-<pid>-*) of dead processes.
     """
     from rich.table import Table
 
@@ -211,6 +212,11 @@ def sandbox_gc(
     for info, why in removed:
         table.add_row(info.backend, short(console, info.id, 12), info.run_id, info.episode_id, why)
     console.print(table)
+    if run_id is None:  # the side channels' folders belong to a process, not to a run
+        folders = G.collect_bulk(dry_run=dry_run)
+        console.print(f"{verb} {len(folders)} fork side channel folder(s) of dead processes")
+        for path in folders:
+            console.print(f"  {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 @sandbox_app.command("exec")

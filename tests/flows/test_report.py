@@ -4,6 +4,7 @@ render), Markdown with the same tables, and the paper's numbers computed right."
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -100,7 +101,7 @@ def test_every_accuracy_has_its_interval_and_modes_are_paired_by_task() -> None:
 
 
 @pytest.mark.slow
-def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
+def test_html_renders_in_headless_chromium(tmp_path: Path, short_tmp: Path) -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.fail("Debian's chromium is not installed: `apt-get install -y chromium` (scripts/setup.sh --test)")
@@ -111,8 +112,10 @@ def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
         "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
     ]  # fmt: skip
+    # Chromium binds its singleton socket under TMPDIR: a short one (tests/conftest.py)
+    env = {**os.environ, "TMPDIR": str(short_tmp)}
     dom = subprocess.run(
-        [chromium, *flags, "--dump-dom", html_path.as_uri()], capture_output=True, text=True, timeout=120
+        [chromium, *flags, "--dump-dom", html_path.as_uri()], capture_output=True, text=True, timeout=120, env=env
     ).stdout
     imgs = re.findall(r'<img [^>]*data-plot="([^"]+)"[^>]*src="data:image/png;base64,', dom)
     assert set(imgs) == {"Accuracy", "Tokens", "Capability usage", "Turns", "Terminations"}
@@ -122,7 +125,7 @@ def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
     shot = tmp_path / "shot.png"
     subprocess.run(
         [chromium, *flags, "--window-size=1280,2400", f"--screenshot={shot}", html_path.as_uri()],
-        capture_output=True, timeout=120,
+        capture_output=True, timeout=120, env=env,
     )
     assert shot.exists() and shot.stat().st_size > 10_000
     import matplotlib.image as mpimg

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socketserver
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -76,8 +77,9 @@ class _StalledEngine(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def stalled_engine(tmp_path: Path) -> Iterator[str]:
-    path = tmp_path / "engine.sock"
+def stalled_engine(short_tmp: Path) -> Iterator[str]:
+    # a unix socket's path holds 107 bytes: tmp_path can be past it (tests/conftest.py)
+    path = Path(tempfile.mkdtemp(dir=short_tmp)) / "engine.sock"
     _StalledEngine.release.clear()
     _StalledEngine.stalled.clear()
     server = _Server(str(path), _StalledEngine)

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
+import subprocess
+import sys
 import tracemalloc
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +23,7 @@ import pytest
 from sandbox import SandboxConfig, SandboxLimits, open_sandbox
 from sandbox.archive import CopyLimits
 from sandbox.base import SandboxError
-from sandbox.bulk import MOUNT, BulkDir
+from sandbox.bulk import MOUNT, BulkDir, remove_leftovers
 from sandbox.common import SANDBOX_UID
 
 SHAPE = (
@@ -152,6 +156,86 @@ def test_a_helper_that_cannot_reach_the_side_channel_forks_over_the_attach_strea
                 sb.bulk.path = mounted[sb.name]
 
 
+def _long_folder(under: Path) -> Path:
+    """A folder whose socket paths pass the 107 bytes of a unix socket's address (a
+    cluster's TMPDIR such as /scratch/slurm/job-123456/...)."""
+    long = under / ("t" * 70)
+    long.mkdir()
+    assert len(os.fsencode(long)) + len("/sandflow-bulk-1-abcdefgh/") + 37 > 107
+    return long
+
+
+def test_the_side_channel_listens_in_a_folder_of_any_length(tmp_path: Path) -> None:
+    """The host binds through a descriptor of the folder: its path's length does not matter;
+    the socket is in the folder, 0600, and a connection through it reaches the listener."""
+    base = _long_folder(tmp_path)
+    folder = BulkDir(base=str(base))
+    try:
+        assert os.path.dirname(folder.path) == str(base)
+        listener = folder.listen()
+        assert listener is not None and folder.enabled
+        st = os.stat(listener.path)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+        assert len(os.fsencode(listener.path)) > 107
+        # the helper's side, from the host: a connection by the socket's own file
+        fd = os.open(folder.path, os.O_PATH | os.O_DIRECTORY)
+        helper = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            helper.connect(f"/proc/self/fd/{fd}/{listener.name}")
+            side = listener.accept()
+            helper.sendall(b"frame")
+            assert side.recv(5.0) == b"frame"
+            side.send(b"back")
+            assert helper.recv(16) == b"back"
+            side.close()
+        finally:
+            helper.close()
+            os.close(fd)
+        assert folder.taken == 1 and os.listdir(folder.path) == []
+    finally:
+        folder.remove()
+    # the reaper's sweep of a dead owner's folders looks where they were made
+    left = BulkDir(base=str(base))
+    remove_leftovers(os.getpid(), str(base))
+    assert not os.path.exists(left.path)
+
+
+_LONG_TMPDIR_FORK = r"""
+import json, sys
+from sandbox import SandboxConfig, SandboxLimits, open_sandbox
+run_id, shape, look = sys.argv[1:4]
+def cfg(episode):
+    limits = SandboxLimits(memory_mb=512, pids=128, tmp_size_mb=64)
+    return SandboxConfig(backend="docker", run_id=run_id, episode_id=episode, limits=limits)
+with open_sandbox(cfg("long-parent")) as parent, open_sandbox(cfg("long-child")) as child:
+    assert parent.exec(shape).exit_code == 0
+    parent.fork(1, children=[child])
+    print(json.dumps({
+        "folders": [parent.bulk.path, child.bulk.path],
+        "taken": [parent.bulk.taken, child.bulk.taken],
+        "same": child.exec(look).stdout == parent.exec(look).stdout,
+    }))
+"""
+
+
+@pytest.mark.usefixtures("sandbox_image")
+def test_a_fork_takes_the_side_channel_under_a_long_tmpdir(test_run_id: str, tmp_path: Path) -> None:
+    """A process whose TMPDIR is long (its folders are made there): the fork still goes
+    over the side channel, both ways, not over the attach stream."""
+    tmpdir = _long_folder(tmp_path)
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": repo}
+    r = subprocess.run(
+        [sys.executable, "-c", _LONG_TMPDIR_FORK, f"{test_run_id}-longtmp", SHAPE, LOOK],
+        capture_output=True, text=True, timeout=300, cwd=repo, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert all(os.path.dirname(f) == str(tmpdir) for f in out["folders"]), out
+    assert out["taken"] == [1, 1] and out["same"], out
+    assert os.listdir(tmpdir) == [], "a side channel's folder outlived its sandbox"
+
+
 # A subverted parent helper: answers the shell dump, then on the fork's export takes the
 # side channel (it runs as uid 0, as the real helper) and sends what `mode` says over it.
 _HOSTILE = r"""
@@ -235,3 +319,41 @@ def test_a_subverted_parent_on_the_side_channel_is_bounded(
             assert "before" not in child.exec("cat /tmp/mine 2>&1").stdout
         finally:
             parent.close()
+
+
+def test_gc_removes_the_side_channel_folders_of_dead_processes_only(tmp_path: Path) -> None:
+    """Owner and watchdog both gone (kill -9 of both, a /tmp that outlived a reboot): `sandbox
+    gc` removes the folders named with a pid that no longer runs; a live owner's folder,
+    another name, and a symlink named like one (its target) stay."""
+    from sandbox import gc as G
+
+    base = _long_folder(tmp_path)
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": repo, "TMPDIR": str(base)}
+    made = subprocess.run(  # a real leftover: its owner made it and is gone
+        [sys.executable, "-c", "from sandbox.bulk import BulkDir; print(BulkDir().path)"],
+        capture_output=True, text=True, timeout=60, cwd=repo, env=env, check=True,
+    ).stdout.strip()  # fmt: skip
+    dead = Path(made)
+    assert dead.parent == base and dead.is_dir()
+    live_dir = BulkDir(base=str(base))  # ours: this process runs
+    live = Path(live_dir.path)
+    other = base / "sandflow-bulkish-1-x"
+    other.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    link = base / f"sandflow-bulk-{dead.name.split('-')[2]}-link"
+    link.symlink_to(target)
+    # the command, without an engine and with --dry-run: names it, removes nothing
+    r = subprocess.run(
+        [sys.executable, "-m", "sandflow.cli", "sandbox", "gc", "--dry-run",
+         "--docker-host", f"unix://{tmp_path}/no-engine.sock"],
+        capture_output=True, text=True, timeout=120, cwd=repo, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "would remove 1 fork side channel folder(s) of dead processes" in r.stdout, r.stdout
+    assert f"  {dead}\n" in r.stdout and dead.exists()
+    assert G.collect_bulk(base=str(base)) == [str(dead)]
+    assert not dead.exists()
+    assert live.is_dir() and other.is_dir() and link.is_symlink() and target.is_dir()
+    live_dir.remove()

@@ -8,6 +8,7 @@ Screenshots go to the test's tmp dir and are copied to <repo>/test-artifacts/vie
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import threading
@@ -179,7 +180,7 @@ def chromium_path() -> str:
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
+def browser(short_tmp: Path) -> Iterator[Any]:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -188,6 +189,8 @@ def browser() -> Iterator[Any]:
         b = p.chromium.launch(
             executable_path=chromium_path(),
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"],
+            # Chromium binds its singleton socket under TMPDIR: a short one (tests/conftest.py)
+            env={**os.environ, "TMPDIR": str(short_tmp)},
         )
         try:
             yield b
