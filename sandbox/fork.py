@@ -327,7 +327,10 @@ def fork_by_pipes(parent: HelperSandbox, children: list[Any]) -> ForkInfo:
     for box in started:  # every tar ends (the children's see the end of their pipes)
         try:
             side = "send" if box is parent else "recv"
-            end, _ = box._helper_call({"op": "fork_wait", "side": side})
+            msg = {"op": "fork_wait", "side": side}
+            client = box._check_open()  # its tars may take max_seconds: wait that long
+            left = max(1.0, deadline - time.monotonic())
+            end, _ = box._guarded(lambda c=client, m=msg, t=left: c.request(m, timeout=t))
         except BaseException as e:  # noqa: BLE001 - raised below
             failure = failure or e
             continue
