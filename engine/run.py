@@ -29,9 +29,10 @@ import contextlib
 import errno
 import logging
 import os
+import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from engine import budget as budgets
 from engine import progress
 from engine.cancel import CancelToken, registered
 from engine.episode import EpisodeOutcome, attempt
-from engine.executors import Executor, ThreadExecutor, Work
+from engine.executors import Executor, Finished, ThreadExecutor, Work
 from engine.plan import (
     MODES,
     EpisodeSpec,
@@ -109,6 +110,137 @@ def hold_run(wh: Any, run_id: str, wait: bool | float = False) -> Iterator[None]
         yield
     finally:
         lock.__exit__(None, None, None)
+
+
+class RunHandle:
+    """One run from its record `running` to its end, the piece every writer of a run goes
+    through: `engine.run` and the rollout server's batches (rl/batch.py). Made by
+    `open_run`, under the run's lock.
+
+        record(...)   the run's row says `running` (wh.write_run's fields)
+        fan_out(...)  the episodes through an executor with ONE retry policy and the run's
+                      ONE cancel token (and its budget, engine.budget), each (episode,
+                      result) handed to the caller as it ends; counted here
+        finish()      the run's row leaves `running`, once, whoever calls first: `_status`
+                      of how its episodes ended when every one was handed back and taken,
+                      `interrupted` otherwise (an error, Ctrl+C, a consumer that stopped)
+
+    Without a warehouse (wh None) nothing is recorded; the rest is the same.
+    """
+
+    def __init__(self, wh: Any, run_id: str, token: CancelToken, root: str | None = None) -> None:
+        self.wh, self.run_id, self.token = wh, run_id, token
+        self.root = root if root is not None else (str(wh.root) if wh is not None else None)
+        self.succeeded = 0
+        self.cancelled = 0
+        self.failed: list[tuple[EpisodeSpec, BaseException]] = []
+        self.budget: budgets.RunBudget | None = None
+        self.status: str | None = None  # set once the run's end is decided (finish)
+        self._recorded = False
+        self._complete = False  # every episode handed back and taken by the caller
+        self._lock = threading.Lock()
+
+    def record(self, **fields: Any) -> None:
+        """The run's row says `running` from now until `finish`."""
+        if self.wh is not None:
+            self.wh.write_run(self.run_id, status="running", **fields)
+        self._recorded = True
+
+    def fan_out(
+        self,
+        executor: Executor,
+        job: Callable[..., Any],
+        episodes: list[EpisodeSpec],
+        args: tuple[Any, ...] = (),
+        *,
+        policy: RetryPolicy,
+        budget: RunSpec | None = None,
+    ) -> Generator[Finished, None, None]:
+        """`job(episode, *args)` for every episode through `executor` under `policy` and
+        the run's token: each (episode, outcome or the exception it ended with) as it ends.
+
+        budget: the RunSpec whose max_cost_usd / max_run_tokens bound the run (checked
+        against the warehouse before any episode starts: a spent one starts none).
+        A full warehouse disk stops the run (WarehouseFullError, resume finishes it). A
+        caller that stops taking (an error, Ctrl+C, close()) cancels the run's token; the
+        episodes in flight stop at their next step and are waited for here."""
+        with registered(self.run_id, self.token):
+            try:
+                if budget is not None:  # reached already (a resume with the same budget): nothing starts
+                    self.budget = budgets.start(budget, self.token)
+                results = executor.map(Work(job, episodes, args, policy, self.token))
+                try:
+                    for ep, res in results:
+                        self._count(ep, res)
+                        yield ep, res
+                    self._complete = True
+                finally:
+                    close = getattr(results, "close", None)
+                    if close is not None:
+                        close()  # an executor stopped early waits for its episodes here
+            except BaseException:
+                self.token.cancel("the run was interrupted")
+                raise
+            finally:
+                budgets.stop(self.run_id, self.budget)
+
+    def _count(self, ep: EpisodeSpec, res: Any) -> None:
+        """One episode's end: counted for the run's status, told to progress listeners."""
+        if isinstance(res, EpisodeCancelled):
+            self.cancelled += 1
+            progress.finished(ep.key, ok=False, termination="interrupted")
+        elif isinstance(res, BaseException):
+            if no_space(res):  # stop: queued episodes are cancelled, resume finishes them
+                self.token.cancel("the warehouse is out of space")
+                raise WarehouseFullError(
+                    f"the warehouse {self.root} is out of space ({res}); {self.succeeded} "
+                    f"episode(s) were recorded before it. Free space there, then "
+                    f"resume with --run-id {self.run_id}"
+                ) from None
+            self.failed.append((ep, res))
+            progress.finished(ep.key, ok=False, termination="failed")
+        else:
+            self.succeeded += 1
+            progress.finished(ep.key, ok=True, termination=_termination(res))
+
+    def finish(self) -> str:
+        """The run's end: decided once (later calls return it), recorded when the run was."""
+        with self._lock:
+            if self.status is not None:
+                return self.status
+            self.status = _status(self.token, self.failed) if self._complete else "interrupted"
+        if self._recorded and self.wh is not None:
+            _finish(self.wh, self.run_id, self.status, self.failed, self.cancelled, self.token)
+        return self.status
+
+
+@contextlib.contextmanager
+def open_run(
+    wh: Any, run_id: str, token: CancelToken, *, wait: bool | float = False, root: str | None = None
+) -> Iterator[RunHandle]:
+    """The run's lock (`hold_run`; none without a warehouse) and its handle for the block;
+    whatever ends the block, the run's record leaves `running` (RunHandle.finish) before
+    the lock is released, and an error cancels the run's token first.
+
+    Held across threads too: the rollout server enters it for a batch when the request
+    comes and closes it once the stream has ended (rl/batch.py)."""
+    held = hold_run(wh, run_id, wait=wait) if wh is not None else contextlib.nullcontext()
+    with held:
+        handle = RunHandle(wh, run_id, token, root)
+        try:
+            yield handle
+        except BaseException:
+            token.cancel("the run was interrupted")
+            raise
+        finally:
+            handle.finish()
+
+
+def _termination(res: Any) -> str | None:
+    """How an episode a job handed back ended, when it says (an EpisodeOutcome, its dict)."""
+    if isinstance(res, dict):
+        return res.get("termination")
+    return getattr(res, "termination", None)
 
 
 def orchestration_overhead(outcomes: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -269,24 +401,24 @@ def run(
     episodes = plan(list(ts.tasks), rid, spec.mode, spec.samples)
     executor = executor or ThreadExecutor(spec.concurrency)
     token = cancel or CancelToken()
-    if spec.warehouse is None:
-        return _execute(spec, ts, rid, episodes, None, None, executor, token, global_limit, job, t_start)
-    from warehouse import Warehouse
+    wh, root = None, None
+    if spec.warehouse is not None:
+        from warehouse import Warehouse
 
-    root = str(Path(spec.warehouse).expanduser())
-    wh = Warehouse(root)
+        root = str(Path(spec.warehouse).expanduser())
+        wh = Warehouse(root)
     # One run id, one writer (warehouse.runlock): a second process on this run id is
     # refused (or waits), and a kill -9'd holder releases the lock with its death.
-    with hold_run(wh, rid, wait=spec.wait_for_lock):
+    with open_run(wh, rid, token, wait=spec.wait_for_lock, root=root) as handle:
         # The run keeps the exact tasks it ran (warehouse.tasksets): a resumed run goes on
         # with those, even if its source gives other tasks today.
-        ran = wh.run_tasks(rid)
-        if ran is None:
+        ran = wh.run_tasks(rid) if wh is not None else None
+        if wh is not None and ran is None:
             wh.keep_tasks(rid, ts.tasks, name=ts.name)
-        elif ran.content_hash != ts.content_hash:
+        elif ran is not None and ran.content_hash != ts.content_hash:
             ts = ran.model_copy(update={"name": ts.name})
             episodes = plan(list(ts.tasks), rid, spec.mode, spec.samples)
-        return _execute(spec, ts, rid, episodes, wh, root, executor, token, global_limit, job, t_start)
+        return _execute(spec, ts, episodes, handle, executor, global_limit, job, t_start)
 
 
 def _run_config(spec: RunSpec, live_cfg: Any) -> dict[str, Any]:
@@ -316,12 +448,9 @@ def _run_config(spec: RunSpec, live_cfg: Any) -> dict[str, Any]:
 def _execute(
     spec: RunSpec,
     ts: TaskSet,
-    rid: str,
     episodes: list[EpisodeSpec],
-    wh: Any,
-    root: str | None,
+    handle: RunHandle,
     executor: Executor,
-    token: CancelToken,
     global_limit: GlobalLimit | None,
     job: Callable[..., Any],
     t_start: float,
@@ -329,6 +458,7 @@ def _execute(
     """`run`'s work once the run's lock is held (no lock without a warehouse)."""
     from tasks.local_model import endpoint
 
+    wh, rid, root, token = handle.wh, handle.run_id, handle.root, handle.token
     done = wh.done_keys(rid) if wh is not None else set()
     pending = [s for s in episodes if (s.task.id, s.mode, s.sample_index) not in done]
     progress.planned(total=len(pending), skipped=len(episodes) - len(pending), run_id=rid)
@@ -339,10 +469,6 @@ def _execute(
     _prewarm(spec, pending, executor)
     previous = wh.run_info(rid) if wh is not None else None
     outcomes: list[EpisodeOutcome] = []
-    failed: list[tuple[EpisodeSpec, BaseException]] = []
-    cancelled = 0
-    status = "interrupted"
-    policy = RetryPolicy(retries=spec.retries)
     with endpoint(spec.to_model_config()) as live_cfg:
         if pending:
             live_cfg = preflight_model(live_cfg, model_given=bool(spec.model) or not spec.base_url)
@@ -351,64 +477,30 @@ def _execute(
         spec = spec.model_copy(update={"base_url": live_cfg.base_url, "model": live_cfg.model})
         if pending:  # --max-cost without a price: refused before anything is recorded
             budgets.check_priced(spec)
-        if wh is not None:
-            wh.write_run(
-                rid,
-                model=live_cfg.model,
-                image=image,
-                dataset=ts.name,
-                dataset_hash=ts.content_hash,
-                config=_run_config(spec, live_cfg),
-                started_at=(previous or {}).get("started_at"),
-                status="running",
-                series=spec.series or (previous or {}).get("series"),
-                image_id=(_image_id(spec.backend, image) if "sandbox" in MODES[spec.mode] else None)
-                or (previous or {}).get("image_id"),
-            )
-        budget = None
-        try:
-            with registered(rid, token):
-                # reached already (a resume with the same budget): nothing starts
-                budget = budgets.start(spec, token)
-                args = (spec,) if global_limit is None else (spec, global_limit)
-                results = executor.map(Work(job, pending, args, policy, token))
-                try:
-                    for ep, res in results:
-                        if isinstance(res, EpisodeCancelled):
-                            cancelled += 1
-                            progress.finished(ep.key, ok=False, termination="interrupted")
-                        elif isinstance(res, BaseException):
-                            if no_space(res):  # stop: queued episodes are cancelled, resume finishes them
-                                token.cancel("the warehouse is out of space")
-                                raise WarehouseFullError(
-                                    f"the warehouse {root} is out of space ({res}); {len(outcomes)} "
-                                    f"episode(s) were recorded before it. Free space there, then "
-                                    f"resume with --run-id {rid}"
-                                ) from None
-                            failed.append((ep, res))
-                            progress.finished(ep.key, ok=False, termination="failed")
-                        else:
-                            outcome = res if isinstance(res, EpisodeOutcome) else EpisodeOutcome(**res)
-                            outcomes.append(outcome)
-                            progress.finished(ep.key, ok=True, termination=outcome.termination)
-                finally:
-                    close = getattr(results, "close", None)
-                    if close is not None:
-                        close()  # an executor stopped early waits for its episodes here
-            status = _status(token, failed)
-        except BaseException:
-            token.cancel("the run was interrupted")
-            raise
-        finally:
-            budgets.stop(rid, budget)
-            if wh is not None:
-                _finish(wh, rid, status, failed, cancelled, token)
+        handle.record(
+            model=live_cfg.model,
+            image=image,
+            dataset=ts.name,
+            dataset_hash=ts.content_hash,
+            config=_run_config(spec, live_cfg),
+            started_at=(previous or {}).get("started_at"),
+            series=spec.series or (previous or {}).get("series"),
+            image_id=(_image_id(spec.backend, image) if wh is not None and "sandbox" in MODES[spec.mode] else None)
+            or (previous or {}).get("image_id"),
+        )
+        args = (spec,) if global_limit is None else (spec, global_limit)
+        policy = RetryPolicy(retries=spec.retries)
+        with contextlib.closing(handle.fan_out(executor, job, pending, args, policy=policy, budget=spec)) as results:
+            for _ep, res in results:
+                if not isinstance(res, BaseException):
+                    outcomes.append(res if isinstance(res, EpisodeOutcome) else EpisodeOutcome(**res))
+        status = handle.finish()
     compaction = (
         compact_after_run(root, rid) if spec.compact and root is not None and Path(root).is_dir() else None
     )
     elapsed = time.perf_counter() - t_start  # compaction included: the run's own end
     dicts = [o.as_dict() for o in outcomes]
-    failures = [_failure_line(ep, exc) for ep, exc in failed]
+    failures = [_failure_line(ep, exc) for ep, exc in handle.failed]
     summary = {
         "run_id": rid,
         "status": status,
@@ -420,11 +512,11 @@ def _execute(
         "skipped": len(episodes) - len(pending),
         "ran": len(pending),
         "succeeded": len(outcomes),
-        "failed": len(failed),
-        "cancelled": cancelled,
+        "failed": len(handle.failed),
+        "cancelled": handle.cancelled,
         "cancel_reason": token.reason,
         # {max_cost_usd, max_run_tokens, spent_tokens, spent_usd, exhausted}; None: no budget
-        "budget": budget.summary() if budget is not None else None,
+        "budget": handle.budget.summary() if handle.budget is not None else None,
         "failures": failures[:20],
         "terminations": dict(Counter(str(o.termination) for o in outcomes)),
         "elapsed_s": elapsed,
@@ -434,7 +526,7 @@ def _execute(
         "pid": os.getpid(),
         "worker_pids": sorted({o.pid for o in outcomes}),
     }
-    return RunResult(summary, outcomes, failed)
+    return RunResult(summary, outcomes, handle.failed)
 
 
 def _status(token: CancelToken, failed: list[Any]) -> str:

@@ -5,11 +5,16 @@ warehouse like any run (one warehouse run per batch), each tagged with the train
 run, step and policy version. A finished episode becomes a `trajectory` event at once;
 when the last sample of a task is in, a `group` event carries its GRPO/RLOO advantages.
 
-The batch runs through the engine (engine/): its plan (sample numbering), the one
-retry policy for infrastructure failures (the sandbox or the endpoint broke; each
+The batch runs through the engine (engine/) as every run does: its plan (sample
+numbering), and its run through `engine.run.open_run`, the piece `engine.run` uses too:
+the run's lock and record (`begin`), the fan-out (RunHandle.fan_out: the in-process
+executor on the server's shared thread pool, the one retry policy for infrastructure
+failures, the batch's cancel token and budget), each episode handed back as it ends
+(streamed at once), and the run's end by the engine's rules (`end`: `finished`, `failed`
+when episodes failed after their retries, `interrupted`, `budget_exhausted`). An
+infrastructure failure re-runs the episode (the sandbox or the endpoint broke; each
 attempt re-records the same episode key, latest wins; after the last attempt the
-trajectory has status "failed" and no reward: never a zero reward), the in-process
-executor on the server's shared thread pool, and a cancel token.
+trajectory has status "failed" and no reward: never a zero reward).
 
 Cancelling (the trainer disconnected) sets the batch's token: episodes not started
 never start; running ones stop at their next step (the agent loop checks the token);
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import threading
 import time
@@ -44,10 +50,12 @@ from analysis.token_ids import assemble
 from datasets_prep.rows import RowError, task_from_row
 from datasets_prep.task import Task
 from engine import budget as budgets
+from engine import progress
 from engine.cancel import CancelToken
-from engine.executors import ThreadExecutor, Work
+from engine.executors import ThreadExecutor
 from engine.plan import EpisodeSpec, plan
 from engine.retry import EpisodeCancelled, InfraFailure, RetryPolicy, is_retryable
+from engine.run import RunHandle, compact_after_run, open_run
 from rl.groups import Group
 from rl.recording import RolloutRecorder, RolloutTags
 from rl.reward import RewardError, reward_of
@@ -62,6 +70,11 @@ from tasks.spec import RunSpec
 from warehouse.schema import check_run_id
 
 MAX_EPISODES_PER_BATCH = 100_000
+# How long a batch's end waits for its fan-out to have stopped its episodes (each stops at
+# its next step; their sandboxes are removed, their model calls abandoned, on a cancel).
+END_WAIT_S = 60.0
+
+log = logging.getLogger(__name__)
 
 
 class Endpoint(BaseModel):
@@ -234,21 +247,18 @@ class Batch:
             max_run_tokens=b.max_run_tokens,
         )
         budgets.check_priced(self.budget_spec)  # RunConfigError (a ValueError): 422, before any work
-        self.budget = (
-            budgets.RunBudget(self.budget_spec, self.cancel_event)
-            if budgets.has_budget(self.budget_spec)
-            else None
-        )
         # running episodes (a sandbox driven, one model call at a time): the server's bound
         # over every batch and this batch's own; a tree's siblings take theirs (rl.slots)
         self.slots = Slots(server_slots, request.max_concurrency)
         self._active_lock = threading.Lock()
         self._attempts: dict[str, int] = {}
         self.done = False  # the stream sent `done`
-        # the run's lock while the batch writes its run (rl.server: taken before the run is
-        # recorded `running`, released after its end is recorded)
+        # the batch's run in the engine (engine.run.open_run: its lock, its record, its
+        # fan-out, its end), from `begin` until `end`
+        self.run: RunHandle | None = None
         self.run_lock = contextlib.ExitStack()
-        self._finish_claimed = False
+        self._ended = False
+        self._fan_out_thread: threading.Thread | None = None
         self.counts = {"ok": 0, "failed": 0, "cancelled": 0}
         self.t0 = time.monotonic()
 
@@ -261,11 +271,76 @@ class Batch:
     def peak_active(self) -> int:
         return self.slots.peak
 
-    def claim_finish(self) -> bool:
-        """True once: the caller finishes the batch's run record."""
+    @property
+    def budget(self) -> budgets.RunBudget | None:
+        """The batch's budget (engine.budget), started by the engine's fan-out."""
+        return self.run.budget if self.run is not None else None
+
+    # -- the batch's run: the engine's (engine.run.open_run) ------------------------------
+    def begin(self) -> None:
+        """Take the batch's run through the engine (engine.run.open_run): its lock, then
+        its record `running` and the exact tasks it runs. Held until `end` has recorded how
+        the batch ended: if the server dies first (kill -9, OOM), the kernel frees the lock
+        and readers see the run `interrupted` (abandoned), never `running` forever.
+        RunLockedError when another process (a second server, `sandflow flows run`) writes
+        this run id. Blocking: the server calls it on a worker thread."""
+        stack = contextlib.ExitStack()
+        run = stack.enter_context(open_run(self.warehouse, self.run_id, self.cancel_event))
+        try:
+            run.record(model=self.request.endpoint.model, notes="rl rollout server batch",
+                       config=self._run_config())  # fmt: skip
+            if self.warehouse is not None:
+                self.warehouse.keep_tasks(self.run_id, self.tasks, name="rl-batch")
+        except BaseException:
+            stack.close()
+            raise
+        self.run, self.run_lock = run, stack
+
+    def _run_config(self) -> dict[str, Any]:
+        """What the batch's run record says about how it ran (no secret)."""
+        req = self.request
+        return {
+            "form": "server",
+            "training_run": req.training_run,
+            "step": req.step,
+            "policy_version": req.policy_version,
+            "n": req.n,
+            "tasks": len(self.tasks),
+            "sampling": req.sampling.model_dump(),
+            "endpoint": req.endpoint.model_dump(),  # api_key excluded by the model
+            "limits": self.limits.model_dump(),
+            # what `run_cost` prices the batch's turns with (warehouse/cost.py), and its budget
+            "model": {"model": req.endpoint.model, "base_url": req.endpoint.base_url},
+            "prices": self.budget_spec.prices,
+            "max_cost_usd": self.budget_spec.max_cost_usd,
+            "max_run_tokens": self.budget_spec.max_run_tokens,
+        }
+
+    def end(self, compact: bool = True) -> str | None:
+        """The batch's run leaves `running` by the engine's rules (RunHandle.finish:
+        `finished`, `failed` when episodes failed after their retries, `budget_exhausted`,
+        or `interrupted` when the batch was cancelled or its fan-out did not end), is
+        compacted when it ran to its end, then its lock is released. Once, whoever calls
+        first (the stream's end, the server stopping); its fan-out's episodes have stopped
+        first (waited for up to END_WAIT_S). The run's status; None without `begin`."""
         with self._active_lock:
-            claimed, self._finish_claimed = self._finish_claimed, True
-        return not claimed
+            if self.run is None or self._ended:
+                return None
+            self._ended = True
+        thread = self._fan_out_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(END_WAIT_S)
+        status = None
+        try:
+            status = self.run.finish()
+            root = self.run.root
+            if compact and status in ("finished", "failed") and root is not None:
+                compact_after_run(root, self.run_id)
+        except Exception as exc:  # the rollouts were delivered; the bookkeeping can be redone
+            log.warning("finishing warehouse run %s failed: %s", self.run_id, exc)
+        finally:
+            self.run_lock.close()
+        return status
 
     def _cancelled(self, episode_id: str) -> bool:
         """The trainer (or the server) stopped the batch; a spent budget is not that: its
@@ -303,8 +378,9 @@ class Batch:
     def _attempt(self, ep: EpisodeSpec) -> tuple[EpisodeSpec, Any]:
         """The engine's job: one attempt; InfraFailure (carrying the result) when it is
         worth another, EpisodeCancelled when the batch was cancelled."""
-        if self.budget is not None:  # what the warehouse holds: earlier attempts, a resumed batch
-            self.budget.refresh_if_due()
+        budget = self.budget
+        if budget is not None:  # what the warehouse holds: earlier attempts, a resumed batch
+            budget.refresh_if_due()
             if self.cancel_event.is_set():
                 raise EpisodeCancelled(f"episode {ep.key} not started: {self.cancel_event.reason}")
         if self.branching is not None:
@@ -316,7 +392,7 @@ class Batch:
                 recorder=self.recorder,
                 **self._episode_args(ep),
                 cancel=self.cancel_event,
-                on_event=self.budget.hook(ep.key) if self.budget is not None else None,
+                on_event=budget.hook(ep.key) if budget is not None else None,
             )
         result.record.config["attempts"] = self._attempt_number(ep.key)
         stopped = result.record.termination in ("interrupted", budgets.TERMINATION)
@@ -341,8 +417,9 @@ class Batch:
             yield
         finally:
             self.slots.give()
-            if self.budget is not None:
-                self.budget.episode_ended(key)
+            budget = self.budget
+            if budget is not None:
+                budget.episode_ended(key)
 
     def _attempt_number(self, key: str) -> int:
         with self._active_lock:
@@ -508,20 +585,32 @@ class Batch:
         return out | {"reward": r.score, "reward_reason": r.reason, "verifier": r.verifier}
 
     # -- the stream ---------------------------------------------------------------------
-    def _fan_out(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
-        """The engine's fan-out (a thread of its own): every episode's event onto `queue`
-        as it ends, then None."""
+    def _fan_out(self, run: RunHandle, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
+        """The engine's fan-out (RunHandle.fan_out, a thread of its own): every episode's
+        events onto `queue` as it ends, then None; an error (a full warehouse disk, a bug)
+        ends the stream with an `error` event instead of `done`."""
         try:
-            work = Work(self._attempt, self.episodes, (), self.policy, self.cancel_event)
-            for ep, res in self.executor.map(work):
-                events = self._events_of(ep, res)
-                loop.call_soon_threadsafe(queue.put_nowait, (ep.task, events))
+            progress.planned(total=len(self.episodes), skipped=0, run_id=self.run_id)
+            fan_out = run.fan_out(self.executor, self._attempt, self.episodes,
+                                  policy=self.policy, budget=self.budget_spec)  # fmt: skip
+            with contextlib.closing(fan_out) as results:
+                for ep, res in results:
+                    events = self._events_of(ep, res)
+                    loop.call_soon_threadsafe(queue.put_nowait, (ep.task, events))
+        except Exception as exc:
+            log.warning("rollout batch %s stopped: %s", self.run_id, exc, exc_info=True)
+            error = {"type": "error", "run_id": self.run_id, "error": f"{type(exc).__name__}: {exc}"}
+            loop.call_soon_threadsafe(queue.put_nowait, error)
         finally:
             loop.call_soon_threadsafe(queue.put_nowait, None)
 
     async def events(self) -> AsyncGenerator[dict[str, Any], None]:
         """`start`, then a `trajectory` per episode as it ends (with `group` events once a
-        task's samples are all in), then `done`. Cancelled when the consumer goes away."""
+        task's samples are all in), then `done` (or `error`, when the fan-out failed).
+        Cancelled when the consumer goes away. After `begin`."""
+        if self.run is None:
+            raise RuntimeError(f"batch {self.run_id}: begin() before events()")
+        run = self.run
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         groups = {
@@ -541,13 +630,17 @@ class Batch:
             at_once = min(self.total, self.request.max_concurrency or self.total)
             prewarm(self.sandbox, at_once * self.branching.width)  # no-op unless pooled
         fan_out = threading.Thread(
-            target=self._fan_out, args=(loop, queue), name=f"rollout-{self.run_id}", daemon=True
+            target=self._fan_out, args=(run, loop, queue), name=f"rollout-{self.run_id}", daemon=True
         )
+        self._fan_out_thread = fan_out
         fan_out.start()
         scores: list[dict[str, Any]] = []
         complete = False
         try:
             while (item := await queue.get()) is not None:
+                if isinstance(item, dict):  # the fan-out failed: the stream ends here
+                    yield item
+                    return
                 task, events = item
                 group = groups[task.id]
                 trajectories = [e for e in events if e["type"] == "trajectory"]
@@ -580,9 +673,10 @@ class Batch:
             "peak_concurrent": self.peak_active,
             "wall_s": round(time.monotonic() - self.t0, 3),
         }
-        if self.budget is not None:
+        budget = self.budget
+        if budget is not None:
             # {max_cost_usd, max_run_tokens, spent_tokens, spent_usd, exhausted}
-            out["budget"] = self.budget.summary()
+            out["budget"] = budget.summary()
         if self.budget_spent:
             out["stopped"] = budgets.TERMINATION
             out["reason"] = self.cancel_event.reason

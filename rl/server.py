@@ -9,10 +9,11 @@ Bound to 127.0.0.1 by default (`sandflow rl serve --host` to change it). Episode
 batches share one bound (`max_concurrency`: sandboxes and model calls at once) and one
 worker thread per slot. A trainer that disconnects cancels its batch: no new episode
 starts, running ones stop and their sandboxes are removed (rl.batch). Every batch is a
-warehouse run (status finished / interrupted / budget_exhausted), compacted at its end,
-whose run lock the server holds while it streams (engine.run.hold_run): a server killed
-mid-batch leaves the run reading `interrupted`, and a second writer of the run id is
-refused (409).
+warehouse run through the engine's one path (engine.run.open_run, as `engine.run` takes
+it): its lock, held while the batch streams, its record `running`, its fan-out, and its
+end by the engine's rules (finished / failed / interrupted / budget_exhausted), compacted
+when it ran to its end. A server killed mid-batch leaves the run reading `interrupted`,
+and a second writer of the run id is refused (409).
 A batch's budget (the request's `budget`, or the server's default) stops it cleanly:
 rl.batch and docs/cost.md.
 
@@ -39,7 +40,6 @@ from pydantic import BaseModel, Field, ValidationError
 
 from datasets_prep.rows import RowError
 from engine.plan import RunLockedError
-from engine.run import hold_run
 from rl.batch import Batch, Budget, RolloutRequest
 from sandbox.base import SandboxConfig
 from tasks.loop import Limits
@@ -86,7 +86,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
                 batch.cancel("the rollout server stopped")
             state["executor"].shutdown(wait=True, cancel_futures=True)
             for batch in open_batches:  # streams cut before their own bookkeeping ran
-                _finish_run(state["warehouse"], batch, False, cfg.compact)
+                batch.end(cfg.compact)
             with contextlib.suppress(Exception):
                 state["recorder"].close()
 
@@ -132,7 +132,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
                 status_code=409,
             )
         try:
-            await anyio.to_thread.run_sync(_start_run, state["warehouse"], batch)
+            await anyio.to_thread.run_sync(batch.begin)
         except RunLockedError as exc:  # another process writes this run id (names it)
             return JSONResponse({"error": str(exc)}, status_code=409)
         except Exception as exc:  # nothing has started: the trainer can retry
@@ -153,7 +153,7 @@ class _BatchStream(StreamingResponse):
     while the body's async generator is suspended, and nothing closes the generator (its
     `finally` would run only when it is garbage-collected: a batch's run stayed `running`,
     found 5 times in 6 disconnects). Here the end is explicit: the body is closed, and
-    the batch is cancelled and its run record finished, shielded from the cancellation."""
+    the batch is cancelled and its run ended (Batch.end), shielded from the cancellation."""
 
     def __init__(self, batch: Batch, state: dict[str, Any], cfg: ServerConfig) -> None:
         super().__init__(_ndjson(batch), media_type="application/x-ndjson")
@@ -164,16 +164,13 @@ class _BatchStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             batch = self.batch
-            finished = batch.done and not batch.cancel_event.is_set()
             self.state["batches"].discard(batch)
-            if not finished:
+            if not batch.done:  # the stream was cut: the batch's run ends `interrupted`
                 batch.cancel()
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(Exception):
                     await self.body_iterator.aclose()  # type: ignore[attr-defined]
-                await anyio.to_thread.run_sync(
-                    _finish_run, self.state["warehouse"], batch, finished, self.cfg.compact
-                )
+                await anyio.to_thread.run_sync(batch.end, self.cfg.compact)
 
 
 async def _ndjson(batch: Batch) -> AsyncIterator[bytes]:
@@ -191,69 +188,6 @@ def _recorder(cfg: ServerConfig) -> tuple[Any, Any]:
 
     wh = Warehouse(cfg.warehouse)
     return wh.writer(durability=cfg.durability), wh  # type: ignore[arg-type]
-
-
-def _start_run(wh: Any, batch: Batch) -> None:
-    """Take the batch's run lock (engine.run.hold_run, as every run's writer does), then
-    record the run `running`. The lock is held until `_finish_run` has recorded how the
-    batch ended: if the server dies first (kill -9, OOM), the kernel frees it and readers
-    see the run `interrupted` (abandoned), never `running` forever. RunLockedError when
-    another process (a second server, `sandflow flows run`) writes this run id."""
-    if wh is None:
-        return
-    lock = contextlib.ExitStack()
-    lock.enter_context(hold_run(wh, batch.run_id))
-    try:
-        _write_run(wh, batch)
-    except BaseException:
-        lock.close()
-        raise
-    batch.run_lock = lock
-
-
-def _write_run(wh: Any, batch: Batch) -> None:
-    req = batch.request
-    wh.write_run(
-        batch.run_id,
-        model=req.endpoint.model,
-        notes="rl rollout server batch",
-        config={
-            "form": "server",
-            "training_run": req.training_run,
-            "step": req.step,
-            "policy_version": req.policy_version,
-            "n": req.n,
-            "tasks": len(batch.tasks),
-            "sampling": req.sampling.model_dump(),
-            "endpoint": req.endpoint.model_dump(),  # api_key excluded by the model
-            "limits": batch.limits.model_dump(),
-            # what `run_cost` prices the batch's turns with (warehouse/cost.py), and its budget
-            "model": {"model": req.endpoint.model, "base_url": req.endpoint.base_url},
-            "prices": batch.budget_spec.prices,
-            "max_cost_usd": batch.budget_spec.max_cost_usd,
-            "max_run_tokens": batch.budget_spec.max_run_tokens,
-        },
-    )
-    wh.keep_tasks(batch.run_id, batch.tasks, name="rl-batch")  # the exact tasks it runs
-
-
-def _finish_run(wh: Any, batch: Batch, finished: bool, compact: bool) -> None:
-    """The batch's run leaves `running` (once, whoever gets here first), then its lock
-    is released."""
-    if wh is None or not batch.claim_finish():
-        return
-    try:
-        if batch.budget_spent:
-            wh.finish_run(batch.run_id, status="budget_exhausted",
-                          notes=f"budget: {batch.cancel_event.reason}")
-        else:
-            wh.finish_run(batch.run_id, status="finished" if finished else "interrupted")
-        if compact and finished:
-            wh.compact(batch.run_id)
-    except Exception as exc:  # the rollouts were delivered; the bookkeeping can be redone
-        log.warning("finishing warehouse run %s failed: %s", batch.run_id, exc)
-    finally:
-        batch.run_lock.close()
 
 
 def _validation_message(exc: ValidationError) -> str:

@@ -51,6 +51,21 @@ def read_episodes(root: Any, run_id: str) -> list[dict[str, Any]]:
     return Warehouse(root).episodes(run_id).to_pylist()
 
 
+def status_of(wh: Path, run_id: str, within_s: float = 30.0) -> str | None:
+    """The run's status once it is no longer `running` (or `running` after `within_s`)."""
+    from warehouse import Warehouse
+
+    deadline = time.monotonic() + within_s
+    status = None
+    while time.monotonic() < deadline:
+        info = Warehouse(wh).run_info(run_id)
+        status = info and info.get("status")
+        if status not in (None, "running"):
+            return status
+        time.sleep(0.2)
+    return status
+
+
 def read_turns(root: Any, run_id: str) -> list[dict[str, Any]]:
     from warehouse.store import Warehouse
 

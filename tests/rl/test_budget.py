@@ -14,9 +14,15 @@ import pytest
 
 from rl.client import RolloutClient, RolloutServerError
 from tests.flows.test_cost import PRICES, TURN_USD, USAGE
-from tests.rl.conftest import containers_of, new_run_id, read_episodes, read_turns, rollout_server
+from tests.rl.conftest import (
+    containers_of,
+    new_run_id,
+    read_episodes,
+    read_turns,
+    rollout_server,
+    status_of,
+)
 from tests.rl.test_server import answering, request
-from tests.rl.test_server_runs import status_of
 from tests.scripted_model import Reply, ScriptedModel
 
 pytestmark = pytest.mark.usefixtures("sandbox_image")

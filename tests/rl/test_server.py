@@ -15,7 +15,14 @@ import httpx
 import pytest
 
 from rl.client import RolloutClient, RolloutServerError
-from tests.rl.conftest import containers_of, math_task, new_run_id, read_episodes, rollout_server
+from tests.rl.conftest import (
+    containers_of,
+    math_task,
+    new_run_id,
+    read_episodes,
+    rollout_server,
+    status_of,
+)
 from tests.scripted_model import Fault, Reply, ScriptedModel, ToyTokenizer, tool_reply
 
 
@@ -145,6 +152,8 @@ def test_batch_streams_exact_trajectories_rewards_and_advantages(
     assert sorted(s["score"] for s in scores) == [0.0, 0.0, 1.0, 1.0]
     kept = Warehouse(tmp_path / "wh").run_tasks(run_id)  # the batch keeps the tasks it ran
     assert kept is not None and [t.content_hash for t in kept] == [math_task().content_hash]
+    # the run ended by the engine's rules (engine.run.RunHandle): every episode ran
+    assert status_of(tmp_path / "wh", run_id) == "finished"
     wh = Warehouse(tmp_path / "wh")
     with wh.query(run_id=run_id) as q:
         assert q.rows("SELECT accuracy FROM accuracy") == [(0.5,)]
@@ -206,6 +215,12 @@ def test_infra_failures_are_retried_and_never_a_zero_reward(server: str, tmp_pat
     group = next(g for g in result.groups if g["task_id"] == "always-broken")
     assert group["size"] == 0 and group["failed"] == 2 and group["rewards"] == []
     assert result.summary["failed"] == 2 and result.summary["ok"] == 2
+    # the engine's rules (engine.run.RunHandle, as `engine.run`): episodes that failed
+    # after their retries fail the run, and its record says how many
+    from warehouse.store import Warehouse
+
+    assert status_of(tmp_path / "wh", run_id) == "failed"
+    assert Warehouse(tmp_path / "wh").run_info(run_id)["notes"] == "2 episodes failed"
 
 
 def test_disconnect_cancels_the_batch_and_leaves_no_sandbox(server: str, tmp_path: Path) -> None:

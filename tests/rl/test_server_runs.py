@@ -28,26 +28,11 @@ import pytest
 
 from rl.client import RolloutClient
 from tests.chaos.conftest import wait_for
-from tests.rl.conftest import containers_of, new_run_id, rollout_server
+from tests.rl.conftest import containers_of, new_run_id, rollout_server, status_of
 from tests.rl.test_server import answering, request
 from tests.scripted_model import ScriptedModel
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def status_of(wh: Path, run_id: str, within_s: float = 30.0) -> str | None:
-    """The run's status once it is no longer `running` (or `running` after `within_s`)."""
-    from warehouse import Warehouse
-
-    deadline = time.monotonic() + within_s
-    status = None
-    while time.monotonic() < deadline:
-        info = Warehouse(wh).run_info(run_id)
-        status = info and info.get("status")
-        if status not in (None, "running"):
-            return status
-        time.sleep(0.2)
-    return status
 
 
 def stream_until_sleeping(server: str, model: ScriptedModel, run_id: str, n: int) -> None:

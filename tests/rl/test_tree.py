@@ -212,8 +212,8 @@ def test_a_budget_reached_mid_tree_stops_the_leaves_left(tmp_path: Path) -> None
     as it lands, so Y stops before asking again: the trainer gets X with its reward and Y
     `cancelled` / `budget_exhausted` with no reward (counted when the tree ended, as
     before, Y would have gone on and submitted)."""
+    from tests.rl.conftest import status_of
     from tests.rl.test_budget import _events
-    from tests.rl.test_server_runs import status_of
     from warehouse.cost import token_sums
     from warehouse.query import connect
 
