@@ -114,13 +114,14 @@ def hold_run(wh: Any, run_id: str, wait: bool | float = False) -> Iterator[None]
 
 class RunHandle:
     """One run from its record `running` to its end, the piece every writer of a run goes
-    through: `engine.run` and the rollout server's batches (rl/batch.py). Made by
-    `open_run`, under the run's lock.
+    through: `engine.run`, the rollout server's batches (rl/batch.py) and `sandflow run`
+    (engine.single). Made by `open_run`, under the run's lock.
 
         record(...)   the run's row says `running` (wh.write_run's fields)
         fan_out(...)  the episodes through an executor with ONE retry policy and the run's
                       ONE cancel token (and its budget, engine.budget), each (episode,
                       result) handed to the caller as it ends; counted here
+        ran_here(...) or the episodes the caller ran itself (`sandflow run`, engine.single)
         finish()      the run's row leaves `running`, once, whoever calls first: `_status`
                       of how its episodes ended when every one was handed back and taken,
                       `interrupted` otherwise (an error, Ctrl+C, a consumer that stopped)
@@ -184,6 +185,14 @@ class RunHandle:
             finally:
                 budgets.stop(self.run_id, self.budget)
 
+    def ran_here(self, finished: list[Finished]) -> None:
+        """Every episode of the run, run by the caller in its own thread (`sandflow run`'s
+        one episode: its live view and Ctrl+C inside the episode), counted as `fan_out`
+        counts them: `finish` then applies the same rules."""
+        for ep, res in finished:
+            self._count(ep, res)
+        self._complete = True
+
     def _count(self, ep: EpisodeSpec, res: Any) -> None:
         """One episode's end: counted for the run's status, told to progress listeners."""
         if isinstance(res, EpisodeCancelled):
@@ -220,7 +229,7 @@ def open_run(
 ) -> Iterator[RunHandle]:
     """The run's lock (`hold_run`; none without a warehouse) and its handle for the block;
     whatever ends the block, the run's record leaves `running` (RunHandle.finish) before
-    the lock is released, and an error cancels the run's token first.
+    the lock is released, and an error cancels the run's token.
 
     Held across threads too: the rollout server enters it for a batch when the request
     comes and closes it once the stream has ended (rl/batch.py)."""
@@ -230,6 +239,9 @@ def open_run(
         try:
             yield handle
         except BaseException:
+            # decided before the cancel: a run whose every episode was told (ran_here, a
+            # fan-out taken to its end) ends by how they ended, any other `interrupted`
+            handle.finish()
             token.cancel("the run was interrupted")
             raise
         finally:

@@ -1,15 +1,21 @@
 """One interactive episode (`sandflow run`): a folder of files, a live view, a record.
 
 The same engine as a run, for one task: the endpoint (or the embedded model, started
-and stopped here) checked by the one preflight, the episode under the run's cancel
-token, its records in <folder>/records.jsonl (and in a warehouse when asked, as a run of
-its own whose status never stays `running`), the sandbox's output folder copied to
-<folder>/files/, and trajectory.json (tasks.trajectory) at the end.
+and stopped here) checked by the one preflight (engine.run.preflight_model), the episode
+under the run's cancel token, its run through the engine's one path (engine.run.open_run:
+the run's lock, its record `running`, its end by the engine's rules: `finished`, `failed`
+for an infrastructure failure or a replay that could not be rebuilt, `interrupted`),
+its records in <folder>/records.jsonl (and in the warehouse when asked), the sandbox's
+output folder copied to <folder>/files/, and trajectory.json (tasks.trajectory) at the end.
+
+The episode runs in the caller's thread, not through an executor: the live view draws
+from its events and Ctrl+C lands inside it (recorded `interrupted`, then re-raised).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from datasets_prep.task import Task
 from engine.cancel import CancelToken
-from engine.run import preflight_model
+from engine.plan import EpisodeSpec
+from engine.retry import EpisodeCancelled, InfraFailure
+from engine.run import RunHandle, open_run, preflight_model
 from tasks.loop import EpisodeResult, EventHook, run_episode
 from tasks.model import ModelConfig
 from tasks.spec import RunSpec
@@ -90,43 +98,39 @@ def run_single(
     from tasks.local_model import endpoint
 
     files = folder / "files"
+    token = cancel or CancelToken()
+    # constructed, not validated: an ad-hoc query's task has no ground truth
+    ep = EpisodeSpec.model_construct(run_id=run_id, task=task, mode=spec.mode, sample_index=0)
     with endpoint(spec.to_model_config()) as cfg:
         cfg = preflight_model(cfg, model_given=model_given)
         folder.mkdir(parents=True, exist_ok=True)
         if on_ready is not None:
             on_ready(cfg)
-        with JournalRecorder(folder / "records.jsonl") as journal:
-            recorder, finish = _with_warehouse(journal, spec.warehouse, run_id, cfg, task)
-            status = "interrupted"
+        with JournalRecorder(folder / "records.jsonl") as journal, _run(journal, spec.warehouse, ep, cfg, token) as (recorder, run):
             check = None
-            try:
-                if replay is not None:
-                    from tasks.replay import ReplayDiverged, ReplayError, replay_episode
+            if replay is not None:
+                from tasks.replay import ReplayDiverged, ReplayError, replay_episode
 
-                    try:
-                        played = replay_episode(
-                            task, replay.parent, replay.turns, replay.until_turn, cfg,
-                            spec.to_sandbox_config(run_id), recorder, run_id=run_id,
-                            limits=spec.to_limits(), ignore=replay.ignore,
-                            allow_divergence=replay.allow_divergence, output_dir=files,
-                            prompt_dir=spec.prompt_dir, on_event=on_event, cancel=cancel,
-                        )  # fmt: skip
-                    except (ReplayDiverged, ReplayError):
-                        status = "failed"
-                        raise
-                    result, check = played.result, played.check
-                else:
-                    result = run_episode(
-                        task, cfg, spec.to_sandbox_config(run_id), recorder, mode=spec.mode,  # type: ignore[arg-type]
-                        run_id=run_id, limits=spec.to_limits(),
-                        output_dir=files if spec.mode == "sandbox" else None,
-                        on_event=on_event, prompt_dir=spec.prompt_dir, cancel=cancel,
+                try:
+                    played = replay_episode(
+                        task, replay.parent, replay.turns, replay.until_turn, cfg,
+                        spec.to_sandbox_config(run_id), recorder, run_id=run_id,
+                        limits=spec.to_limits(), ignore=replay.ignore,
+                        allow_divergence=replay.allow_divergence, output_dir=files,
+                        prompt_dir=spec.prompt_dir, on_event=on_event, cancel=token,
                     )  # fmt: skip
-                status = "failed" if result.record.is_infra_failure else "finished"
-                if result.record.termination == "interrupted":
-                    status = "interrupted"
-            finally:
-                finish(status)
+                except (ReplayDiverged, ReplayError) as exc:
+                    run.ran_here([(ep, exc)])  # the run `failed`, with no episode
+                    raise
+                result, check = played.result, played.check
+            else:
+                result = run_episode(
+                    task, cfg, spec.to_sandbox_config(run_id), recorder, mode=spec.mode,  # type: ignore[arg-type]
+                    run_id=run_id, limits=spec.to_limits(),
+                    output_dir=files if spec.mode == "sandbox" else None,
+                    on_event=on_event, prompt_dir=spec.prompt_dir, cancel=token,
+                )  # fmt: skip
+            run.ran_here([(ep, _as_finished(result, ep, token))])
     write_trajectory(folder / "trajectory.json", result, task.problem_statement)
     rec = result.record
     if spec.mode == "llm" and rec.answer is not None:
@@ -135,39 +139,51 @@ def run_single(
     return SingleResult(result, folder, cfg, check)
 
 
-def _with_warehouse(
-    journal: Any, root: str | None, run_id: str, cfg: ModelConfig, task: Task
-) -> tuple[Any, Callable[[str], None]]:
-    """The recorder: the journal, plus the warehouse (a run of its own) when asked. The run
-    names the hash of the one task it ran, so `sandflow compare` never pairs it with a run
-    of other tasks (an ad-hoc query has no ground truth: there is no task file to keep)."""
-    if root is None:
-        return journal, lambda status: None
-    from datasets_prep.task import TaskSet
-    from tasks.journal import TeeRecorder
-    from warehouse import Warehouse
+def _as_finished(result: EpisodeResult, ep: EpisodeSpec, token: CancelToken) -> Any:
+    """The episode as the engine counts one (engine.run.RunHandle): interrupted (Ctrl+C
+    removed its sandbox, or its token was cancelled) is a cancelled run, an infrastructure
+    failure a failed one, anything else the model's own result."""
+    rec = result.record
+    if rec.termination == "interrupted":
+        token.cancel(rec.error or "the episode was interrupted")
+        return EpisodeCancelled(f"episode {ep.key} stopped: {token.reason}")
+    if rec.is_infra_failure:
+        return InfraFailure(f"{ep.label}: {rec.termination}", result, run_id=ep.run_id)
+    return result
 
-    wh = Warehouse(root)
+
+@contextlib.contextmanager
+def _run(
+    journal: Any, root: str | None, ep: EpisodeSpec, cfg: ModelConfig, token: CancelToken
+) -> Iterator[tuple[Any, RunHandle]]:
+    """The episode's run through the engine (engine.run.open_run: no lock and no record
+    without a warehouse) and its recorder: the journal, plus the warehouse when asked. The
+    run names the hash of the one task it ran, so `sandflow compare` never pairs it with a
+    run of other tasks (an ad-hoc query has no ground truth: there is no task file to keep)."""
+    wh = None
+    if root is not None:
+        from warehouse import Warehouse
+
+        wh = Warehouse(root)
     # Held like a run's (warehouse/runlock.py): if this process dies, readers see the run
     # interrupted instead of `running` forever.
-    lock = wh.hold_run(run_id)
-    lock.__enter__()
-    wh.write_run(run_id, model=cfg.model, dataset="adhoc", status="running",
-                 dataset_hash=TaskSet.model_construct(tasks=[task]).content_hash,
-                 config={"form": "single", "model": cfg.public_dict()})  # fmt: skip
-    if task.ground_truth is None:  # `sandflow run --query`: its files are the state a replay rebuilds
-        wh.keep_adhoc_task(run_id, task)
-    else:  # a replay's: its parent's task
-        wh.keep_tasks(run_id, [task], name="single")
-    writer = wh.writer()
+    with open_run(wh, ep.run_id, token) as run:
+        if wh is None:
+            yield journal, run
+            return
+        from datasets_prep.task import TaskSet
+        from tasks.journal import TeeRecorder
 
-    def finish(status: str) -> None:
+        task = ep.task
+        run.record(model=cfg.model, dataset="adhoc",
+                   dataset_hash=TaskSet.model_construct(tasks=[task]).content_hash,
+                   config={"form": "single", "model": cfg.public_dict()})  # fmt: skip
+        if task.ground_truth is None:  # `sandflow run --query`: its files are the state a replay rebuilds
+            wh.keep_adhoc_task(ep.run_id, task)
+        else:  # a replay's: its parent's task
+            wh.keep_tasks(ep.run_id, [task], name="single")
+        writer = wh.writer()
         try:
-            writer.close()
+            yield TeeRecorder(journal, writer), run
         finally:
-            try:
-                wh.finish_run(run_id, status=status)
-            finally:
-                lock.__exit__(None, None, None)
-
-    return TeeRecorder(journal, writer), finish
+            writer.close()  # before the run's end is recorded (open_run)

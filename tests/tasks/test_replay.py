@@ -149,6 +149,12 @@ def test_a_planted_divergence_is_caught_and_nothing_is_recorded(
     assert len([x for x in lines if re.fullmatch(r"\+( [0-9a-f]{2}){6}", x)]) == 1  # replayed
     assert scripted_model.requests == []  # stopped before any model call
     assert len(Warehouse(wh).episodes().to_pylist()) == 1  # no replay episode recorded
+    from warehouse.query import connect
+
+    with connect(wh) as q:  # the replay's own run ended `failed` (engine.run.RunHandle)
+        assert q.rows(f"SELECT status, notes FROM runs WHERE run_id != '{run_id}'") == [
+            ("failed", "1 episodes failed")
+        ]
 
     # the caller's rule masks it: then it goes on
     scripted_model.push(tool_reply("submit", {}))
