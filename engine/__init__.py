@@ -11,7 +11,8 @@ Prefect flow hands the engine Prefect's task runner), the rollout server's batch
     result.summary["succeeded"], [o.answer for o in result.outcomes]
 
 What it owns (one module each): planning and run ids (plan), the run from plan to
-record (run), fan-out (executors), retrying infrastructure failures only (retry),
+record (run; its lock, record, fan-out and end are one piece, `open_run` / `RunHandle`,
+that the rollout server's batches and `sandflow run` go through too), fan-out (executors), retrying infrastructure failures only (retry),
 cancellation (cancel), progress events (progress), bounds on live sandboxes and model
 calls (slots), one attempt of one episode (episode), one interactive episode with its
 trajectory.json (single). Defaults of an episode's limits have one home:
@@ -31,7 +32,7 @@ from engine.plan import (
     plan,
 )
 from engine.retry import RETRYABLE, EpisodeCancelled, InfraFailure, RetryPolicy, is_retryable
-from engine.run import RunResult, run
+from engine.run import RunHandle, RunResult, open_run, run
 from tasks.spec import RunSpec
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "InfraFailure",
     "RetryPolicy",
     "RunConfigError",
+    "RunHandle",
     "RunLockedError",
     "RunResult",
     "RunSpec",
@@ -53,6 +55,7 @@ __all__ = [
     "Work",
     "is_retryable",
     "new_run_id",
+    "open_run",
     "plan",
     "run",
 ]

@@ -6,12 +6,24 @@
               anything is recorded or started; the embedded model is started when no
               endpoint is given (and stopped at the end)
     record    the run's row: `running` while this process handles it, then `finished`,
-              `failed` (episodes failed after their retries) or `interrupted` (a cancel,
-              Ctrl+C, an error): never left `running` by a process that stopped handling it
+              `failed` (episodes failed after their retries), `budget_exhausted` or
+              `interrupted` (a cancel, Ctrl+C, an error): never left `running` by a
+              process that stopped handling it
     fan out   through an Executor (engine.executors): threads here, or Prefect's task
               runner (flows/), with ONE retry policy (engine.retry) and ONE cancel token
               (engine.cancel) that every layer checks
     report    progress events (engine.progress) as episodes start and end; the summary
+
+The lock, the record, the fan-out and the end are one piece, `open_run` and its
+`RunHandle`, that every writer of a run goes through: `run` here, the rollout server's
+batches (rl/batch.py: each episode streamed as it ends, the lock held while the stream
+lasts) and `sandflow run`'s one episode (engine.single)::
+
+    with open_run(wh, run_id, token) as handle:     # the lock; the end recorded on exit
+        handle.record(model=..., config=...)        # `running`
+        for ep, result in handle.fan_out(executor, job, episodes, policy=..., budget=spec):
+            ...                                     # each episode as it ends
+        handle.finish()                             # finished / failed / budget_exhausted
 
 Nothing here records twice: an episode key is written by its episode only, and the
 warehouse keeps one (the latest) recording per key. A run interrupted in any way (Ctrl+C,
