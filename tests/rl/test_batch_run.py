@@ -7,6 +7,7 @@ first episode it hands back (as a lost Dask scheduler or a bug would)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from collections.abc import Iterator
@@ -47,10 +48,23 @@ class BreaksAfterOne:
             results.close()  # type: ignore[attr-defined]
 
 
-def _batch(model: ScriptedModel, wh: Any, pool: ThreadPoolExecutor, run_id: str, n: int) -> Batch:
-    req = RolloutRequest.model_validate(request(model, run_id, n=n, max_concurrency=1))
-    return Batch(req, recorder=wh.writer(durability="flush"), executor=pool, sandbox=sandbox_cfg(),
-                 default_limits=Limits(max_steps=6, wall_clock_s=120), warehouse=wh)  # fmt: skip
+@contextlib.contextmanager
+def begun_batch(tmp_path: Path, tag: str, n: int) -> Iterator[tuple[Any, Batch, ScriptedModel]]:
+    """A batch of `n` samples of the math task, one at a time, begun (its run taken) in a
+    real warehouse: (the warehouse, the batch, the scripted policy)."""
+    from warehouse import Warehouse
+
+    wh = Warehouse(tmp_path / "wh")
+    pool = ThreadPoolExecutor(4)
+    try:
+        with ScriptedModel(default=answering(itertools.repeat("42")), models=("scripted",)) as model:
+            req = RolloutRequest.model_validate(request(model, new_run_id(tag), n=n, max_concurrency=1))
+            batch = Batch(req, recorder=wh.writer(durability="flush"), executor=pool, sandbox=sandbox_cfg(),
+                          default_limits=Limits(max_steps=6, wall_clock_s=120), warehouse=wh)  # fmt: skip
+            batch.begin()
+            yield wh, batch, model
+    finally:
+        pool.shutdown(wait=True)
 
 
 async def _all(batch: Batch) -> list[dict[str, Any]]:
@@ -60,24 +74,16 @@ async def _all(batch: Batch) -> list[dict[str, Any]]:
 def test_a_batch_whose_executor_breaks_mid_way_ends_with_an_error_and_its_run_interrupted(
     tmp_path: Path,
 ) -> None:
-    from warehouse import Warehouse
-
-    wh, rid = Warehouse(tmp_path / "wh"), new_run_id("batch-broken")
-    pool = ThreadPoolExecutor(4)
-    try:
-        with ScriptedModel(default=answering(itertools.repeat("42")), models=("scripted",)) as model:
-            batch = _batch(model, wh, pool, rid, n=3)
-            batch.begin()
-            # the engine's run: recorded `running`, its lock held (a second writer is refused)
-            assert wh.run_info(rid)["status"] == "running"
-            with pytest.raises(RunLockedError, match=rid), hold_run(wh, rid):
-                pass
-            batch.executor = BreaksAfterOne(batch.executor)  # type: ignore[assignment]
-            events = asyncio.run(_all(batch))
-            assert batch.end() == "interrupted"
-            assert len(model.requests) == 2  # the one episode that ran: its two turns
-    finally:
-        pool.shutdown(wait=True)
+    with begun_batch(tmp_path, "batch-broken", n=3) as (wh, batch, model):
+        rid = batch.run_id
+        # the engine's run: recorded `running`, its lock held (a second writer is refused)
+        assert wh.run_info(rid)["status"] == "running"
+        with pytest.raises(RunLockedError, match=rid), hold_run(wh, rid):
+            pass
+        batch.executor = BreaksAfterOne(batch.executor)  # type: ignore[assignment]
+        events = asyncio.run(_all(batch))
+        assert batch.end() == "interrupted"
+        assert len(model.requests) == 2  # the one episode that ran: its two turns
     # the stream: the episode that ended, then the error (no `done`: the batch did not end)
     assert [e["type"] for e in events] == ["start", "trajectory", "error"]
     assert events[1]["status"] == "ok" and events[1]["reward"] == 1.0
@@ -93,18 +99,10 @@ def test_a_batch_whose_executor_breaks_mid_way_ends_with_an_error_and_its_run_in
 
 
 def test_a_batch_that_runs_to_its_end_is_finished_and_compacted(tmp_path: Path) -> None:
-    from warehouse import Warehouse
-
-    wh, rid = Warehouse(tmp_path / "wh"), new_run_id("batch-done")
-    pool = ThreadPoolExecutor(4)
-    try:
-        with ScriptedModel(default=answering(itertools.repeat("42")), models=("scripted",)) as model:
-            batch = _batch(model, wh, pool, rid, n=2)
-            batch.begin()
-            events = asyncio.run(_all(batch))
-            assert batch.end() == "finished"
-    finally:
-        pool.shutdown(wait=True)
+    with begun_batch(tmp_path, "batch-done", n=2) as (wh, batch, _):
+        rid = batch.run_id
+        events = asyncio.run(_all(batch))
+        assert batch.end() == "finished"
     assert [e["type"] for e in events] == ["start", "trajectory", "trajectory", "group", "done"]
     assert events[-1]["ok"] == 2
     info = wh.run_info(rid)
