@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -44,8 +43,6 @@ from rl.batch import Batch, Budget, RolloutRequest
 from sandbox.base import SandboxConfig
 from tasks.loop import Limits
 from warehouse import DEFAULT_ROOT
-
-log = logging.getLogger(__name__)
 
 
 class ServerConfig(BaseModel):
