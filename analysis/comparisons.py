@@ -168,6 +168,9 @@ def accuracy_intervals(
     }
 
 
+_CI_COLUMNS = {"se": "se", "low": "ci_low", "high": "ci_high"}  # Interval.columns names
+
+
 def with_intervals(
     rows: Sequence[dict[str, Any]],
     intervals: Mapping[tuple[str, str], Interval],
@@ -178,16 +181,8 @@ def with_intervals(
     out = []
     for r in rows:
         iv = intervals.get((r["domain"], r["mode"]))
-        s = iv.scaled(scale) if iv else {"se": None, "low": None, "high": None}
-        out.append(
-            {
-                **r,
-                "tasks": iv.n_tasks if iv else 0,
-                "se": s["se"],
-                "ci_low": s["low"],
-                "ci_high": s["high"],
-            }
-        )
+        ci = iv.columns(scale, **_CI_COLUMNS) if iv else dict.fromkeys(_CI_COLUMNS.values())
+        out.append({**r, "tasks": iv.n_tasks if iv else 0, **ci})
     return out
 
 
@@ -234,7 +229,7 @@ class ComparisonRow:
 
     def row(self, scale: float = 100.0) -> dict[str, Any]:
         """A flat table row (percentages, rounded) for reports and artifacts."""
-        p, d = self.paired, self.paired.diff.scaled(scale)
+        p = self.paired
 
         def pct(v: float | None) -> float | None:
             return None if v is None else round(v * scale, 1)
@@ -245,9 +240,7 @@ class ComparisonRow:
             "tasks": p.n_tasks,
             "before": pct(p.mean_a),
             "after": pct(p.mean_b),
-            "diff": d["estimate"],
-            "diff_low": d["low"],
-            "diff_high": d["high"],
+            **p.diff.columns(scale, estimate="diff", low="diff_low", high="diff_high"),
             "down": sum(f.direction == "down" for f in self.flips),
             "up": sum(f.direction == "up" for f in self.flips),
             "test": p.test,

@@ -91,7 +91,6 @@ def pass_at_k_table(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
             [o.task_id for o in outs], passed, [float(o.score or 0.0) for o in outs]
         )
         for p in curve:
-            a, m = p.pass_at_k.scaled(100), p.mean_at_k.scaled(100)
             rows.append(
                 {
                     "domain": domain,
@@ -99,12 +98,8 @@ def pass_at_k_table(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
                     "k": p.k,
                     "tasks": p.tasks,
                     "left_out": p.left_out,  # tasks with fewer than k samples
-                    "pass_at_k": a["estimate"],
-                    "pass_ci_low": a["low"],
-                    "pass_ci_high": a["high"],
-                    "mean_at_k": m["estimate"],
-                    "mean_ci_low": m["low"],
-                    "mean_ci_high": m["high"],
+                    **p.pass_at_k.columns(100, estimate="pass_at_k", low="pass_ci_low", high="pass_ci_high"),
+                    **p.mean_at_k.columns(100, estimate="mean_at_k", low="mean_ci_low", high="mean_ci_high"),
                 }
             )
     return rows

@@ -67,6 +67,12 @@ class Interval:
             "high": r(self.high),
         }
 
+    def columns(self, factor: float, **names: str) -> dict[str, float | None]:
+        """Values of `scaled(factor)` under a table's own column names, in the order named:
+        columns(100, estimate="diff", low="diff_low", high="diff_high")."""
+        values = self.scaled(factor)
+        return {column: values[key] for key, column in names.items()}
+
 
 # ------------------------------------------------------------------------ grouping
 def group_by_task(

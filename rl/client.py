@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from datasets_prep.closing import ClosedOnExit
+
 
 class RolloutServerError(RuntimeError):
     """The server refused the request or broke the stream (the message says why)."""
@@ -42,7 +44,7 @@ class RolloutResult:
         ]
 
 
-class RolloutClient:
+class RolloutClient(ClosedOnExit):
     def __init__(self, url: str = "http://127.0.0.1:8770", timeout_s: float | None = None) -> None:
         self.url = url.rstrip("/")
         # No read timeout by default: a batch streams for as long as its episodes run.
@@ -50,12 +52,6 @@ class RolloutClient:
 
     def close(self) -> None:
         self._http.close()
-
-    def __enter__(self) -> RolloutClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def health(self) -> dict[str, Any]:
         r = self._http.get(f"{self.url}/v1/health")

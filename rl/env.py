@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from datasets_prep.closing import ClosedOnExit
 from datasets_prep.rows import task_from_row
 from datasets_prep.task import Task
 from rl.recording import RolloutRecorder, RolloutTags
@@ -95,7 +96,7 @@ def default_run_id(tags: RolloutTags) -> str:
         return _PROCESS_RUNS[base]
 
 
-class SandboxEnv:
+class SandboxEnv(ClosedOnExit):
     """One episode at a time in one sandbox; reuse the object for the next episode."""
 
     tools: list[dict[str, Any]] = TOOL_SCHEMAS
@@ -269,12 +270,6 @@ class SandboxEnv:
             self.episode.finish(reason, error or "the trainer closed the environment")
         elif self.episode is not None:
             self.episode.finish()
-
-    def __enter__(self) -> SandboxEnv:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- internals ------------------------------------------------------------------
     def _start(self, index: int) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, ValidationError
 
+from datasets_prep.closing import ClosedOnExit
 from tasks.records import EpisodeRecord, TurnRecord
 
 # Kinds of line. Journals written by older warehouse versions used {"k": "e"|"t", "r": ...}.
@@ -33,7 +34,7 @@ def journal_line(kind: str, record: BaseModel | dict[str, Any]) -> str:
     return '{"kind":"' + kind + '","record":' + body + "}\n"
 
 
-class JournalRecorder:
+class JournalRecorder(ClosedOnExit):
     """Appends {"kind": "start"|"turn"|"finish", "record": {...}} lines to `path`."""
 
     def __init__(self, path: Path | str, fsync: bool = False) -> None:
@@ -59,12 +60,6 @@ class JournalRecorder:
 
     def close(self) -> None:
         self._fh.close()
-
-    def __enter__(self) -> JournalRecorder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 @dataclass

@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 import duckdb
 import pyarrow as pa
 
+from datasets_prep.closing import ClosedOnExit
 from tasks.pricing import PriceTable
 from warehouse.badfiles import prime, remember
 from warehouse.cost import run_prices
@@ -243,7 +244,7 @@ class Snapshot:
     journal_problems: list[str] = field(default_factory=list)
 
 
-class WarehouseQuery:
+class WarehouseQuery(ClosedOnExit):
     """An in-memory DuckDB connection with the warehouse's views.
 
     ``run_id`` limits every view to one run (fewer files to open). ``quarantine`` moves
@@ -737,12 +738,6 @@ class WarehouseQuery:
         if self._readers_lock is not None:
             os.close(self._readers_lock)  # releases the shared lock
             self._readers_lock = None
-
-    def __enter__(self) -> WarehouseQuery:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _empty(table: str) -> pa.Table:

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from datasets_prep.closing import ClosedOnExit
 from tasks.records import EpisodeRecord, TurnRecord
 from warehouse.commit import RecordError, commit_episode
 from warehouse.journal import DURABILITIES, Durability, Journal, is_live
@@ -36,7 +37,7 @@ class _Open:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class EpisodeWriter:
+class EpisodeWriter(ClosedOnExit):
     """Recorder writing to the warehouse at `root`; one instance may serve many threads.
 
     Durability: what survives what, exactly.
@@ -126,12 +127,6 @@ class EpisodeWriter:
             states, self._open = list(self._open.values()), {}
         for s in states:
             s.journal.close(remove=False)
-
-    def __enter__(self) -> EpisodeWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def open_episodes(self) -> list[tuple[str, str]]:

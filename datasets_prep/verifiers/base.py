@@ -34,6 +34,12 @@ class VerifierResult(BaseModel):
 class VerifierError(ValueError):
     """The ground truth or the verifier choice is unusable (not the answer's fault)."""
 
+    @classmethod
+    def wrong(cls, needs: str, value: Any) -> VerifierError:
+        """The refusal of a value that is not what `needs` says, worded the same way by
+        every verifier: "<needs>, got <its type and the start of its repr>"."""
+        return cls(f"{needs}, got {describe(value)}")
+
 
 VerifierFn = Callable[..., VerifierResult]  # (answer, ground_truth, task, **inputs)
 GoldCheck = Callable[[Any, "Task | None"], None]
@@ -56,9 +62,7 @@ def accepted_answers(ground_truth: Any, verifier: str) -> list[Any]:
         raise VerifierError(f"the {verifier!r} verifier got an empty list of accepted answers: {ground_truth!r}")
     for g in items:
         if isinstance(g, list | tuple):
-            raise VerifierError(
-                f"the {verifier!r} verifier needs a flat list of accepted answers; got {describe(ground_truth)}"
-            )
+            raise VerifierError.wrong(f"the {verifier!r} verifier needs a flat list of accepted answers", ground_truth)
     return items
 
 
@@ -150,9 +154,9 @@ def text_like(ground_truth: Any, verifier: str) -> list[str]:
     items = list(ground_truth) if isinstance(ground_truth, list | tuple) else [ground_truth]
     for g in items:
         if g is not None and not isinstance(g, str | int | float):
-            raise VerifierError(
-                f"the {verifier!r} verifier needs a ground truth of text, a number, or a list of "
-                f"those; got {describe(ground_truth)}"
+            raise VerifierError.wrong(
+                f"the {verifier!r} verifier needs a ground truth of text, a number, or a list of those",
+                ground_truth,
             )
     out = [str(g) for g in items if g is not None and str(g).strip()]
     if not out:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from datasets_prep.verifiers.base import (
     VerifierError,
     VerifierResult,
-    describe,
     register,
     result,
 )
@@ -73,10 +72,10 @@ def gold_letters(ground_truth: Any) -> set[str]:
     else:
         items = [ground_truth]
     if any(not isinstance(x, str) for x in items):
-        raise VerifierError(f"multiple-choice ground truth must be option letters, got {describe(ground_truth)}")
+        raise VerifierError.wrong("multiple-choice ground truth must be option letters", ground_truth)
     gold = {x.strip().upper() for x in items if x.strip()}
     if not gold or any(len(g) != 1 or g not in _ALPHABET for g in gold):
-        raise VerifierError(f"multiple-choice ground truth must be option letters, got {describe(ground_truth)}")
+        raise VerifierError.wrong("multiple-choice ground truth must be option letters", ground_truth)
     return gold
 
 

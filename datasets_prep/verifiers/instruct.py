@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from datasets_prep.verifiers.base import (
     VerifierError,
     VerifierResult,
-    describe,
     register,
     result,
 )
@@ -55,21 +54,20 @@ def parse_spec(ground_truth: Any, task: Task | None) -> tuple[list[str], list[di
         except json.JSONDecodeError:
             raise VerifierError("instruction ground truth is text but not JSON") from None
     if not isinstance(gt, dict) or "instruction_id_list" not in gt:
-        raise VerifierError(
-            "instruction ground truth must be {'instruction_id_list': [...], 'kwargs': [...]}, "
-            f"got {describe(gt)}"
+        raise VerifierError.wrong(
+            "instruction ground truth must be {'instruction_id_list': [...], 'kwargs': [...]}", gt
         )
     raw_ids, raw_kwargs = gt["instruction_id_list"], gt.get("kwargs")
     if not isinstance(raw_ids, list | tuple) or not raw_ids or not all(isinstance(i, str) and i for i in raw_ids):
-        raise VerifierError(f"instruction_id_list must be a non-empty list of ids, got {describe(raw_ids)}")
+        raise VerifierError.wrong("instruction_id_list must be a non-empty list of ids", raw_ids)
     ids = list(raw_ids)
     if raw_kwargs is not None and not isinstance(raw_kwargs, list | tuple):
-        raise VerifierError(f"instruction kwargs must be a list of objects, got {describe(raw_kwargs)}")
+        raise VerifierError.wrong("instruction kwargs must be a list of objects", raw_kwargs)
     kwargs = list(raw_kwargs or [{} for _ in ids])
     if len(kwargs) != len(ids):
         raise VerifierError(f"instruction ground truth has {len(ids)} ids but {len(kwargs)} kwargs")
     if not all(k is None or isinstance(k, dict) for k in kwargs):
-        raise VerifierError(f"instruction kwargs must be objects (or null), got {describe(kwargs)}")
+        raise VerifierError.wrong("instruction kwargs must be objects (or null)", kwargs)
     prompt = str(gt.get("prompt") or (task.problem_statement if task else ""))
     return ids, kwargs, prompt
 

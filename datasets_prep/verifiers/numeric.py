@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from datasets_prep.verifiers.base import (
     VerifierError,
     VerifierResult,
-    describe,
     register,
     result,
 )
@@ -93,7 +92,7 @@ def _pint_unit(u: str) -> str:
 
 def _tolerance(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise VerifierError(f"numeric {name} must be a number, got {describe(value)}")
+        raise VerifierError.wrong(f"numeric {name} must be a number", value)
     try:
         tol = float(value)
     except ValueError:
@@ -115,14 +114,15 @@ def gold_quantity(ground_truth: Any, task: Task | None) -> tuple[float, str, flo
         abs_ = _tolerance(gt.get("abs_tol", abs_), "abs_tol")
         unit = gt.get("unit") or ""
         if not isinstance(unit, str):
-            raise VerifierError(f"numeric ground truth's unit must be text, got {describe(unit)}")
+            raise VerifierError.wrong("numeric ground truth's unit must be text", unit)
         gt = gt["value"]
     else:
         unit = ""
     if isinstance(gt, bool) or not isinstance(gt, int | float | str):
-        raise VerifierError(
-            f"numeric ground truth must be a number, a text such as '9.81 m/s^2', or "
-            f"{{'value', 'unit', 'rel_tol'}}; got {describe(ground_truth)}"
+        raise VerifierError.wrong(
+            "numeric ground truth must be a number, a text such as '9.81 m/s^2', or "
+            "{'value', 'unit', 'rel_tol'}",
+            ground_truth,
         )
     if isinstance(gt, int | float):
         return float(gt), unit, rel, abs_
