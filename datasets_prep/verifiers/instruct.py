@@ -15,12 +15,7 @@ import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from datasets_prep.verifiers.base import (
-    VerifierError,
-    VerifierResult,
-    register,
-    result,
-)
+from datasets_prep.verifiers.base import VerifierError, VerifierResult, register, result
 
 if TYPE_CHECKING:
     from datasets_prep.task import Task
