@@ -511,6 +511,7 @@ class Session:
         self.idle = {1: bytearray(), 2: bytearray()}  # background output between commands
         self.idle_cap = 65536
         self.died_idle = False
+        self.settled = 0  # others() when the last command ended: what is not new since
 
     def drain_idle(self):
         """Keep background jobs from blocking on a full pipe between commands."""
@@ -546,6 +547,7 @@ class Session:
         job.duration = time.monotonic() - job.t0
         self._conclude(job)
         self._end_runaway_after(job)
+        self.settled = len(self.others(proc_table())) if PIDS_LIMIT else 0
         return self._result(job)
 
     def _revive(self, job):
@@ -560,13 +562,25 @@ class Session:
                 f"{WORKDIR} - the working directory and exported variables were reset]\n"
             )
 
+    def others(self, table):
+        """The processes in `table` but us, the shell and a fork's tars (FORK_TOOLS)."""
+        ours = {1, os.getpid(), self.shell.pid}
+        for tools in FORK_TOOLS.values():
+            ours.update(pid for pid, _, _ in tools.procs)
+        return [pid for pid in table if pid not in ours]
+
     def _end_runaway_before(self, job):
         """Saturated by something left running (a background fork bomb): this command could
-        not even fork. End everything but us and the shell, and say so."""
+        not even fork. End everything but us and the shell, and say so. Background
+        processes no more numerous than when the last command ended (a server and its
+        workers) are not multiplying: no look (it costs 30-80 ms, on every command)."""
         if not PIDS_LIMIT:
             return
         table = proc_table()
-        if not runaway(len(table) - 2, lambda: len(proc_table()) - 2):
+        count = len(self.others(table))
+        if count < 0.5 * PIDS_LIMIT and count <= self.settled:
+            return
+        if not runaway(count, lambda: len(self.others(proc_table()))):
             return
         if not kill_new({}, {1, os.getpid(), self.shell.pid}):
             kill_all()
@@ -1555,6 +1569,7 @@ CTL_FD = int(os.environ.get("SANDFLOW_CTL_FD") or -1)
 TAR = "/usr/bin/tar"
 TAR_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}  # never a TAR_OPTIONS of anyone's
 MAX_PIPES = 64
+TAR_BLOCKING = "128"  # 64 KiB records: a 10 KB file is one write, not two (default 10 KiB)
 LOCKED_CHARS = 256 << 10  # the locked paths a fork's answer names (the host's header bound)
 ERR_KEEP = 2000
 
@@ -1589,7 +1604,7 @@ def recv_fds(token, n):
     return fds
 
 
-def spawn_user(argv, stdin, stdout, stderr):
+def spawn_user(argv, stdin, stdout, stderr, umask=None):
     """Run argv as the sandbox user (no capability), its std fds given (None: /dev/null),
     nothing else open."""
     pid = os.fork()
@@ -1599,6 +1614,8 @@ def spawn_user(argv, stdin, stdout, stderr):
             as_sandbox_user(
                 null if stdin is None else stdin, null if stdout is None else stdout, stderr
             )
+            if umask is not None:
+                os.umask(umask)
             os.execve(argv[0], argv, TAR_ENV)
         finally:
             os._exit(127)
@@ -1616,10 +1633,10 @@ class Tools:
         self.locked = {}
         self.skipped = {}
 
-    def start(self, argv, fd_in, fd_out):
+    def start(self, argv, fd_in, fd_out, umask=None):
         r, w = os.pipe2(os.O_CLOEXEC)
         try:
-            pid = spawn_user(argv, fd_in, fd_out, w)
+            pid = spawn_user(argv, fd_in, fd_out, w, umask)
         except OSError:
             os.close(r)
             raise
@@ -1816,7 +1833,8 @@ def op_fork_send(session, req):
     lists = []
     try:
         argv = [TAR, "-c", "-f", "-", "-C", "/", "--format=gnu", "--no-recursion", "--null",
-                "--verbatim-files-from", "--ignore-failed-read", "-T", "-"]  # fmt: skip
+                "--verbatim-files-from", "--ignore-failed-read", "-b", TAR_BLOCKING,
+                "-T", "-"]  # fmt: skip
         for fd in fds:
             r, w = os.pipe2(os.O_CLOEXEC)
             lists.append(w)
@@ -1885,7 +1903,9 @@ def op_fork_recv(req):
     one), files with their modes and mtimes, the places themselves left as they are.
     What the parent sent is hostile: it can write no more than the sandbox user could
     (this sandbox's tmpfs sizes bound it), and tar is killed at the deadline. Answers at
-    once; op_fork_wait says how tar ended."""
+    once; op_fork_wait says how tar ended. Its umask is 0: each file is made with its
+    mode (no chmod after); folders get their modes and times when the archive has ended
+    (the walk names a folder's contents after its siblings)."""
     deadline = fork_deadline(req)
     (fd,) = recv_fds(str(req.get("token")), 1)
     tools = fork_tools("recv", deadline)
@@ -1893,10 +1913,11 @@ def op_fork_recv(req):
     # the places themselves are left as they are (exactly those names excluded: no
     # recursion for those patterns); only what is under them is written
     argv = [TAR, "-x", "-f", "-", "-C", "/", "--no-same-owner", "--preserve-permissions",
+            "-b", TAR_BLOCKING, "--read-full-records", "--delay-directory-restore",
             "--no-recursion", "--anchored", "--no-wildcards",
             *[f"--exclude={r}" for r in roots], "--recursion", "--", *roots]  # fmt: skip
     try:
-        tools.start(argv, fd, None)
+        tools.start(argv, fd, None, umask=0)
     finally:
         os.close(fd)
     send({"id": req["id"], "ok": True})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import time
 from collections.abc import Callable
 
 import pytest
@@ -19,6 +20,28 @@ def test_fork_bomb_is_contained(fresh: Callable[..., Sandbox], box: Sandbox) -> 
     assert r.stdout.startswith("alive\n")
     assert int(r.stdout.split()[1]) < 10, "the bomb's processes must be gone"
     assert box.exec("echo neighbour ok").stdout == "neighbour ok\n"
+
+
+def test_a_fork_bomb_that_starts_late_is_ended_before_the_next_command(
+    fresh: Callable[..., Sandbox],
+) -> None:
+    sb = fresh("forkbomb-late", pids=64)
+    # two quiet processes when the command ends (not multiplying yet): left alone
+    assert sb.exec("(sleep 0.5; b() { b | b & }; b) & true").exit_code == 0
+    time.sleep(1.5)  # it has multiplied up to the pids limit since
+    r = sb.exec("echo alive", timeout=10)
+    assert r.stdout == "alive\n"
+    assert "runaway processes" in r.stderr, r.stderr
+    assert int(sb.exec("ps -e --no-headers | wc -l").stdout) < 10
+
+
+def test_background_processes_that_do_not_multiply_are_left_alone(box: Sandbox) -> None:
+    box.exec("sleep 1000 & sleep 1001 & sleep 1002 & true")
+    for _ in range(5):
+        r = box.exec("true")
+        assert r.exit_code == 0 and r.stderr == ""
+    assert box.exec("pgrep -c -f 'sleep 100[012]'").stdout == "3\n"
+    box.exec("pkill -f 'sleep 100[012]'")
 
 
 def test_foreground_fork_bomb_times_out(fresh: Callable[..., Sandbox]) -> None:

@@ -30,11 +30,12 @@ from sandbox.fork import ForkError
 from tests.sandbox.test_fork import _tar
 
 SHAPE = r"""
-mkdir -p /testbed/src/deep/er /home/sandbox/.cfg /tmp/t && cd /testbed/src
+mkdir -p /testbed/src/deep/er /testbed/src/two /home/sandbox/.cfg /tmp/t && cd /testbed/src
 for i in $(seq 200); do head -c $((i * 37)) /dev/urandom > /testbed/src/f$i; done
 echo cfg > /home/sandbox/.cfg/x; ln -s f1 /testbed/src/link; ln /testbed/src/f2 /testbed/src/hard
-printf x > "/tmp/t/$(printf 'new\nline')"; echo s > /testbed/src/deep/er/locked; chmod 000 /testbed/src/deep/er/locked
-chmod 500 /testbed/src/deep/er; chmod 000 /testbed/src/deep; mkfifo /tmp/t/fifo
+printf x > "/tmp/t/$(printf 'new\nline')"; echo s > /testbed/src/deep/er/locked; mkfifo /tmp/t/fifo
+echo 2 > two/x; touch -d '2001-02-03 04:05:06' . deep deep/er two /home/sandbox/.cfg /tmp/t
+chmod 000 /testbed/src/deep/er/locked; chmod 500 /testbed/src/deep/er; chmod 000 /testbed/src/deep
 export CARRIED=yes; umask 027; (exit 4)
 """
 LOOK = (
@@ -42,6 +43,8 @@ LOOK = (
     "home/sandbox/.cfg/x; stat -c '%n %a' testbed/src/deep; "
     "find /testbed /home/sandbox /tmp ! -type p ! -type d -printf '%p %m %y %s\\n' -o -type d -printf '%p %m\\n' "
     "| sort | md5sum; "
+    # folders' times: the walk names a folder's contents after its siblings
+    "find /testbed /home/sandbox /tmp -mindepth 1 -type d -printf '%p %TY\\n' | sort; "
     "readlink /testbed/src/link"
 )
 
@@ -79,6 +82,7 @@ def test_a_bwrap_fork_goes_by_pipes_and_equals_its_parent(
     request.addfinalizer(children[1].close)  # the one the fork opened
     want = parent.exec(LOOK)
     assert "testbed/src/deep 0\n" in want.stdout, want
+    assert "/testbed/src/deep 2001\n/testbed/src/two 2001\n" in want.stdout, want
     for child in children:
         assert child.exec("echo $?").stdout == "4\n"
         assert child.exec("pwd; umask; echo $CARRIED").stdout == "/testbed/src\n0027\nyes\n"
