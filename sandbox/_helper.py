@@ -1580,29 +1580,53 @@ LOCKED_CHARS = 256 << 10  # the locked paths a fork's answer names (the host's h
 ERR_KEEP = 2000
 
 
-def recv_fds(token, n):
+def recv_fds(token, n, req):
     """The n pipe ends the host sent for this request (its message carries `token`); a
-    stale message (a request that failed before taking its fds) is closed and skipped."""
+    stale message (a request that failed before taking its fds) is closed and skipped.
+    bwrap: over the control socket. Docker (no control socket): over the side channel the
+    request names (`bulk`, sandbox/bulk.py), after saying whether it was reached."""
     import socket
 
+    if req.get("bulk"):
+        raw = bulk_connect(req.get("bulk"))
+        send({"id": req["id"], "bulk": 0 if raw is None else 1})
+        if raw is None:
+            raise ValueError("the host's side channel could not be reached")
+        sock = socket.socket(fileno=raw.detach())
+        try:
+            return take_fds(sock, token, n, side=True)
+        finally:
+            sock.close()
     if CTL_FD < 0:
         raise ValueError("this helper has no control socket")
     sock = socket.socket(fileno=CTL_FD)
     try:
-        deadline = time.monotonic() + 5.0
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([CTL_FD], [], [], left)[0]:
-                raise ValueError("the host's descriptors did not arrive")
-            data, fds, _, _ = socket.recv_fds(sock, 64, MAX_PIPES, socket.MSG_CMSG_CLOEXEC)
-            if not data:
-                raise EOFError("the host closed the control socket")
-            if data == token.encode() and len(fds) == n:
-                break
-            for fd in fds:
-                os.close(fd)
+        return take_fds(sock, token, n)
     finally:
         sock.detach()
+
+
+def take_fds(sock, token, n, side=False):
+    """Read messages on `sock` until the one naming `token` with its n descriptors (5 s).
+    The control socket closing means the host is gone (EOFError); a side channel closing
+    only fails this request."""
+    import socket
+
+    fd = sock.fileno()
+    deadline = time.monotonic() + 5.0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise ValueError("the host's descriptors did not arrive")
+        data, fds, _, _ = socket.recv_fds(sock, 64, MAX_PIPES, socket.MSG_CMSG_CLOEXEC)
+        if not data and side:
+            raise ValueError("the host closed the side channel before sending the pipes")
+        if not data:
+            raise EOFError("the host closed the control socket")
+        if data == token.encode() and len(fds) == n:
+            break
+        for one in fds:
+            os.close(one)
     if not all(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in fds):
         for fd in fds:
             os.close(fd)
@@ -1834,7 +1858,7 @@ def op_fork_send(session, req):
     locked (the children put those modes back) and the processes left behind."""
     t0 = time.monotonic()
     deadline = fork_deadline(req)
-    fds = recv_fds(str(req.get("token")), max(1, min(int(req.get("pipes") or 1), MAX_PIPES)))
+    fds = recv_fds(str(req.get("token")), max(1, min(int(req.get("pipes") or 1), MAX_PIPES)), req)
     tools = fork_tools("send", deadline)
     lists = []
     try:
@@ -1913,7 +1937,7 @@ def op_fork_recv(req):
     mode (no chmod after); folders get their modes and times when the archive has ended
     (the walk names a folder's contents after its siblings)."""
     deadline = fork_deadline(req)
-    (fd,) = recv_fds(str(req.get("token")), 1)
+    (fd,) = recv_fds(str(req.get("token")), 1, req)
     tools = fork_tools("recv", deadline)
     roots = [r[1:] for r in wipe_roots()]
     # the places themselves are left as they are (exactly those names excluded: no

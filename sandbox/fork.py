@@ -117,7 +117,7 @@ def fork_sandbox(
     if children is not None and len(children) != n:
         raise ValueError(f"fork: {n} children asked for but {len(children)} sandboxes given")
     t0 = time.perf_counter()
-    shell = "" if parent.ctl is not None else read_shell(parent)  # else read while copying
+    shell = "" if _takes_pipes(parent) else read_shell(parent)  # else read while copying
     opened: list[Any] = []
     given = list(children or [])
     streamed = False
@@ -132,9 +132,11 @@ def fork_sandbox(
                     children.append(open_one())
             opened = list(children)
         streamed = True
-        if parent.ctl is not None and all(getattr(c, "ctl", None) for c in children):
-            info = fork_by_pipes(parent, children)
-        else:
+        info = None
+        if all(_takes_pipes(box) for box in (parent, *children)):
+            with contextlib.suppress(_NoSideChannel):  # then as below, nothing was written
+                info = fork_by_pipes(parent, children)
+        if info is None:
             shell = shell or read_shell(parent)
             info = stream_files(parent, children)
             _parallel([partial(replay_shell, c, shell) for c in children])
@@ -149,6 +151,17 @@ def fork_sandbox(
     for c in children:
         c.fork_info = ForkInfo(**{**info.__dict__})
     return children
+
+
+class _NoSideChannel(Exception):
+    """A docker helper could not reach its side channel: the fork goes through the host."""
+
+
+def _takes_pipes(box: Any) -> bool:
+    """Can the box's helper take a fork's pipe ends? bwrap: over its control socket;
+    docker: over its side channel (sandbox/bulk.py), while its helper has reached it."""
+    bulk = getattr(box, "bulk", None)
+    return getattr(box, "ctl", None) is not None or (bulk is not None and bulk.enabled)
 
 
 def _wipe(child: Any) -> None:
@@ -262,8 +275,9 @@ RELOCK_MAX = 10_000  # locked entries whose modes a child puts back
 
 
 def fork_by_pipes(parent: HelperSandbox, children: list[Any]) -> ForkInfo:
-    """The fork by pipes (bwrap; sandbox/_helper.py, op_fork_send / op_fork_recv /
-    op_fork_wait): one pipe per child, its read end passed to the child's helper (GNU tar
+    """The fork by pipes (sandbox/_helper.py, op_fork_send / op_fork_recv / op_fork_wait;
+    the ends go over bwrap's control socket, or docker's side channel, _send_with_fds):
+    one pipe per child, its read end passed to the child's helper (GNU tar
     extracts from it as the sandbox user), the write ends to the parent's (one GNU tar per
     pipe archives what the parent's walk names). The host holds no byte of the archive and
     parses none. While the tars copy, the parent's shell state is read and replayed in
@@ -350,12 +364,32 @@ def fork_by_pipes(parent: HelperSandbox, children: list[Any]) -> ForkInfo:
 
 def _send_with_fds(box: Any, msg: dict[str, Any], fds: list[int]) -> tuple[Any, Any, int]:
     """Send the fds over the box's control socket, then the request naming them; holds the
-    channel until _answer."""
+    channel until _answer. Docker: the request first, naming a side channel; once the
+    helper says it reached it, the fds over it (_NoSideChannel when it did not: its
+    refusal is read, the channel is in step, the side channel not offered again)."""
     client = box._check_open()
+    if box.ctl is None:
+        listener = box.bulk.listen()
+        if listener is None:
+            raise _NoSideChannel()
     client.lock.acquire()
     try:
-        socket.send_fds(box.ctl, [msg["token"].encode()], fds)
-        rid = client._send(msg, b"")
+        if box.ctl is not None:
+            socket.send_fds(box.ctl, [msg["token"].encode()], fds)
+            rid = client._send(msg, b"")
+            return box, client, rid
+        rid = client._send({**msg, "bulk": listener.name}, b"")
+        side = client._bulk_ack(rid, listener, box.bulk)
+        if side is None:  # its answer follows: the request failed before anything ran
+            client.read_message(time.monotonic() + 30.0)
+            client.lock.release()
+            raise _NoSideChannel()
+        try:
+            socket.send_fds(side.sock, [msg["token"].encode()], fds)
+        finally:
+            side.close()
+    except _NoSideChannel:
+        raise
     except BaseException:
         client.lock.release()
         box.kill()

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from sandbox import SandboxConfig, SandboxLimits, open_sandbox
+from sandbox import fork as fork_mod
 from sandbox.archive import CopyLimits
 from sandbox.base import SandboxError
 from sandbox.bulk import MOUNT, BulkDir, remove_leftovers
@@ -203,6 +204,7 @@ def test_the_side_channel_listens_in_a_folder_of_any_length(tmp_path: Path) -> N
 _LONG_TMPDIR_FORK = r"""
 import json, sys
 from sandbox import SandboxConfig, SandboxLimits, open_sandbox
+from sandbox import fork as fork_mod
 run_id, shape, look = sys.argv[1:4]
 def cfg(episode):
     limits = SandboxLimits(memory_mb=512, pids=128, tmp_size_mb=64)
@@ -284,6 +286,8 @@ _CASES = {
     "second_switch": "an unexpected side channel message",
     # the helper went quiet on the side channel: the stream's idle bound ends it
     "stdout_after_switch": "stalled",
+    # the fork by pipes (the default road): the parent's helper answers the offer with junk
+    "pipes_junk": "an unexpected answer to a side channel offer",
 }
 
 
@@ -295,6 +299,8 @@ def test_a_subverted_parent_on_the_side_channel_is_bounded(
 
     if mode == "stdout_after_switch":
         monkeypatch.setattr(P, "STREAM_IDLE_S", 3.0)
+    if mode != "pipes_junk":  # the side channel's stream (fork_get), not the pipes' road
+        monkeypatch.setattr(fork_mod, "_takes_pipes", lambda box: False)
     with _open(config("bulk-given")) as child:
         child.exec("echo before > /tmp/mine")
         src = _HOSTILE.encode()

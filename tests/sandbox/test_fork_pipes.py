@@ -1,5 +1,6 @@
-"""bwrap's fork by pipes (sandbox/fork.py, fork_by_pipes): GNU tar in the parent writes
-straight into GNU tar in the child over a pipe whose ends the host passes to the helpers.
+"""The fork by pipes (sandbox/fork.py, fork_by_pipes), on both backends: GNU tar in the
+parent writes straight into GNU tar in the child over a pipe whose ends the host passes to
+the helpers (bwrap: over each helper's control socket; docker: over its side channel).
 
 What the parent sends is hostile: the tests below play a subverted parent (the test holds
 the pipe's write end the child's tar reads) and check that a forged archive writes
@@ -49,14 +50,13 @@ LOOK = (
 )
 
 
-@pytest.fixture
-def make(sandbox_rootfs: str, test_run_id: str) -> Iterator[Callable[..., Any]]:
+def _maker(backend: str, test_run_id: str) -> Iterator[Callable[..., Any]]:
     opened: list[Any] = []
 
     def open_one(episode: str, tmp_size_mb: int = 64) -> Any:
         limits = SandboxLimits(memory_mb=512, pids=128, tmp_size_mb=tmp_size_mb)
         sb = open_sandbox(
-            SandboxConfig(backend="bwrap", run_id=test_run_id, episode_id=episode, limits=limits)
+            SandboxConfig(backend=backend, run_id=test_run_id, episode_id=episode, limits=limits)
         )
         opened.append(sb)
         return sb
@@ -66,15 +66,26 @@ def make(sandbox_rootfs: str, test_run_id: str) -> Iterator[Callable[..., Any]]:
         sb.close()
 
 
+@pytest.fixture(params=["bwrap", "docker"])
+def make(request: pytest.FixtureRequest, test_run_id: str) -> Iterator[Callable[..., Any]]:
+    request.getfixturevalue("sandbox_rootfs" if request.param == "bwrap" else "sandbox_image")
+    yield from _maker(request.param, test_run_id)
+
+
+@pytest.fixture
+def make_bwrap(sandbox_rootfs: str, test_run_id: str) -> Iterator[Callable[..., Any]]:
+    yield from _maker("bwrap", test_run_id)
+
+
 def _no_relay(*_: object) -> None:
     raise AssertionError("the fork's bytes went through the host")
 
 
-def test_a_bwrap_fork_goes_by_pipes_and_equals_its_parent(
+def test_a_fork_goes_by_pipes_and_equals_its_parent(
     make: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     parent = make("pipes-parent")
-    assert parent.ctl is not None
+    assert parent.ctl is not None or parent.bulk.enabled
     assert parent.exec(SHAPE).exit_code == 4
     monkeypatch.setattr(fork_mod, "stream_files", _no_relay)
     given = make("pipes-given")
@@ -94,8 +105,10 @@ def test_a_bwrap_fork_goes_by_pipes_and_equals_its_parent(
     assert "tar" not in parent.exec("ps -eo args").stdout
 
 
-def test_the_control_socket_is_out_of_the_sandbox_users_reach(make: Callable[..., Any]) -> None:
-    sb = make("pipes-ctl")
+def test_the_control_socket_is_out_of_the_sandbox_users_reach(
+    make_bwrap: Callable[..., Any],
+) -> None:
+    sb = make_bwrap("pipes-ctl")
     r = sb.exec(
         "ls /proc/1/fd 2>&1 | head -1; for p in /proc/[0-9]*; do ls -l $p/fd 2>/dev/null; done "
         "| grep -c socket"
@@ -256,8 +269,10 @@ def test_over_a_bound_the_pipes_fork_stops_and_given_children_are_wiped(
     assert child.exec("stat -c %s /tmp/big; ls /testbed/m | wc -l").stdout == "3000000\n80\n"
 
 
-def test_a_stale_pipe_end_is_dropped_and_the_next_fork_works(make: Callable[..., Any]) -> None:
-    parent, child = make("pipes-stale-parent"), make("pipes-stale-child")
+def test_a_stale_pipe_end_is_dropped_and_the_next_fork_works(
+    make_bwrap: Callable[..., Any],
+) -> None:
+    parent, child = make_bwrap("pipes-stale-parent"), make_bwrap("pipes-stale-child")
     parent.exec("echo v > /testbed/v")
     r, w = os.pipe()
     socket.send_fds(child.ctl, [b"0123456789abcdef"], [r])  # a request that never came
@@ -271,7 +286,10 @@ def test_a_member_under_no_place_is_skipped_beside_real_ones(make: Callable[...,
     """An archive with every place of the child (so tar's member names all match) and
     members outside them: those are not extracted, the rest is."""
     child = make("pipes-mixed")
-    places = child.exec("for d in /testbed /home/sandbox /tmp /dev/mqueue; do echo ${d#/}; done")
+    places = child.exec(  # the helper's wipe_roots(): the places the sandbox user can write
+        "for d in /testbed /home/sandbox /tmp /dev/shm /dev/mqueue /var/tmp /run /run/lock; "
+        "do [ -d $d ] && [ -w $d ] && echo ${d#/}; done"
+    )
     members = [(p, b"", "dir") for p in places.stdout.split()]
     members += [("etc/x", b"owned", ""), ("x", b"owned", ""), ("proc/x", b"owned", "")]
     members += [("testbed/ok", b"fine", "")]
