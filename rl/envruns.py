@@ -137,8 +137,10 @@ def _end(run: _EnvRun, crash: BaseException | None) -> str:
         why.append(f"the process ended with an uncaught {type(crash).__name__}")
     status = "interrupted" if why else "finished"
     notes = "; ".join([*([run.notes] if run.notes else []), *why]) or None
+    wh = Warehouse(run.warehouse)
     try:
-        Warehouse(run.warehouse).finish_run(run.run_id, status=status, notes=notes)
+        if wh.layout.run_file(run.run_id).exists():  # a deleted warehouse is not made again
+            wh.finish_run(run.run_id, status=status, notes=notes)
     except OSError as exc:  # at exit: say so; the lock is released below (reads `interrupted`)
         log.warning("could not record the end of run %s (%s): %s", run.run_id, status, exc)
     finally:

@@ -171,6 +171,18 @@ def test_threads_opening_one_run_take_its_lock_once(tmp_path: Path) -> None:
         assert finish_runs(rid) == {rid: "finished"}
 
 
+def test_a_run_whose_warehouse_was_deleted_is_not_made_again(tmp_path: Path) -> None:
+    """A trainer (or a benchmark) that removes its temporary warehouse before exiting:
+    ending its run at exit writes nothing (no folder made again)."""
+    import shutil
+
+    wh, rid = tmp_path / "wh", new_run_id("envrun-gone")
+    open_env_run(wh, rid, notes="rl step-wise environment")
+    shutil.rmtree(wh)
+    assert finish_runs(rid) == {rid: "finished"}
+    assert not wh.exists()
+
+
 @pytest.mark.slow  # a trainer process per case (~5 s each)
 @pytest.mark.usefixtures("sandbox_image")
 @pytest.mark.parametrize(
