@@ -470,7 +470,7 @@ class Job:
         self.guard = ""  # notices before the output (a revived shell, a runaway ended)
         self.notice = ""  # a notice after it (a replaced shell, runaways left behind)
         self.restarted = False
-        self.before: dict = {}  # the process table when the command started
+        self.before = None  # the process table when the command started
         self.oom0 = -1
         self.t0 = time.monotonic()
         self.duration = 0.0
@@ -541,13 +541,12 @@ class Session:
         """
         job = Job(cmd, cap)
         self._revive(job)
-        self._end_runaway_before(job)
+        job.before = self._end_runaway_before(job)
         self._begin(job)
         self._pump(chan, job, job.t0 + timeout)
         job.duration = time.monotonic() - job.t0
         self._conclude(job)
-        self._end_runaway_after(job)
-        self.settled = len(self.others(proc_table())) if PIDS_LIMIT else 0
+        self.settled = self._end_runaway_after(job)
         return self._result(job)
 
     def _revive(self, job):
@@ -573,15 +572,16 @@ class Session:
         """Saturated by something left running (a background fork bomb): this command could
         not even fork. End everything but us and the shell, and say so. Background
         processes no more numerous than when the last command ended (a server and its
-        workers) are not multiplying: no look (it costs 30-80 ms, on every command)."""
+        workers) are not multiplying: no look (it costs 30-80 ms, on every command).
+        Returns the process table when nothing was ended (the command's `before`)."""
         if not PIDS_LIMIT:
-            return
+            return None
         table = proc_table()
         count = len(self.others(table))
         if count < 0.5 * PIDS_LIMIT and count <= self.settled:
-            return
+            return table
         if not runaway(count, lambda: len(self.others(proc_table()))):
-            return
+            return table
         if not kill_new({}, {1, os.getpid(), self.shell.pid}):
             kill_all()
         if not self.shell.alive():
@@ -601,7 +601,8 @@ class Session:
         job.out.feed(bytes(self.idle[1]))
         job.err.feed(bytes(self.idle[2]))
         self.idle = {1: bytearray(), 2: bytearray()}
-        job.before = proc_table()
+        if job.before is None:
+            job.before = proc_table()
         job.oom0 = oom_count()
         job.t0 = time.monotonic()
         try:
@@ -700,17 +701,21 @@ class Session:
 
     def _end_runaway_after(self, job):
         """A fork bomb sent to the background returns at once and leaves a sandbox that
-        cannot fork; when the command left us close to the pids limit, end what it left."""
-        if not PIDS_LIMIT or job.restarted:
-            return
+        cannot fork; when the command left us close to the pids limit, end what it left.
+        Returns how many processes run besides ours now (Session.settled)."""
+        if not PIDS_LIMIT:
+            return 0
+        after = proc_table()
+        if job.restarted:
+            return len(self.others(after))
         before = job.before
 
         def count():
             return sum(1 for p, st in proc_table().items() if before.get(p) != st)
 
-        left = [p for p, st in proc_table().items() if before.get(p) != st]
+        left = [p for p, st in after.items() if before.get(p) != st]
         if not runaway(len(left), count):
-            return
+            return len(self.others(after))
         if not kill_new(before, {1, os.getpid(), self.shell.pid}):
             kill_all()
             self.restart()
@@ -722,6 +727,7 @@ class Session:
             f"[sandflow: the command left {len(left)} runaway processes running (pids "
             f"limit {PIDS_LIMIT}); they were killed and their pending output discarded]"
         )
+        return len(self.others(proc_table()))
 
     def _result(self, job):
         """The exec answer (the host validates every field: sandbox/protocol.py)."""
