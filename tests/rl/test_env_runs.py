@@ -213,6 +213,8 @@ def test_a_trainer_process_that_exits_ends_its_env_run(
     assert runs_view(wh, rid) == [(status, False)]
     episodes = Warehouse(wh).episodes(rid).to_pylist()
     assert [e["termination"] for e in episodes if e["task_id"] == "six-times-seven"] == ["submitted"]
+    left = [o.task_id for o in Warehouse(wh).orphans(rid)]  # its turns: recoverable
+    assert left == (["second"] if mode == "left" else [])
     assert containers_of(rid) == []
 
 
