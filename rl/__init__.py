@@ -20,6 +20,7 @@ _EXPORTS = {
     "SandboxEnv": "rl.env",
     "StepResult": "rl.env",
     "InfraError": "rl.env",
+    "finish_runs": "rl.envruns",
     "RolloutTags": "rl.recording",
     "task_from_row": "datasets_prep.rows",
     "RowError": "datasets_prep.rows",

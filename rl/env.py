@@ -16,6 +16,11 @@ episode is recorded in the warehouse like any run, tagged with the training run,
 policy version. `step` returns reward 0.0 until the episode is done, then the verifier's
 score. An infrastructure failure (the sandbox broke) is never a reward: `step` raises
 `InfraError` after recording the episode as such; opening a sandbox is retried first.
+
+The warehouse run (one per training run and process, or `run_id=`) reads `running` while
+the process lives and ends when it exits, or at `finish_runs()` (rl.envruns): `finished`,
+or `interrupted` naming the episodes left running. Another process writing the same
+run_id is refused by `reset()` (engine.RunLockedError) before it opens or writes anything.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from datasets_prep.closing import ClosedOnExit
 from datasets_prep.rows import task_from_row
 from datasets_prep.task import Task
+from rl.envruns import TrackedRecorder, open_env_run
+from rl.envruns import finish_runs as finish_runs  # rl.env.finish_runs(): end the env runs
 from rl.recording import RolloutRecorder, RolloutTags
 from rl.reward import Reward, reward_of
 from rl.toolcalls import ToolCallFormat, reply_from_action
@@ -69,7 +76,6 @@ class StepResult:
 
 _SAMPLES: dict[tuple[str, str], itertools.count[int]] = {}
 _SAMPLES_LOCK = threading.Lock()
-_RUNS_WRITTEN: set[tuple[str, str]] = set()
 
 
 def _next_sample(run_id: str, task_id: str) -> int:
@@ -79,21 +85,23 @@ def _next_sample(run_id: str, task_id: str) -> int:
         return next(counter)
 
 
-_PROCESS_RUNS: dict[str, str] = {}
+_PROCESS_RUNS: dict[tuple[int, str], str] = {}
 
 
 def default_run_id(tags: RolloutTags) -> str:
     """One warehouse run per training run and process: `<training_run>-env-<pid>-<random>`.
 
     Per process, so that trainers that make one environment object per trajectory (SkyRL)
-    still write one run, and two processes never write the same episode keys.
+    still write one run, and two processes never write the same episode keys (a child
+    made by fork() gets its own: the parent's run is the parent's, rl.envruns).
     """
     base = "".join(c if c.isalnum() or c in "._-" else "-" for c in (tags.training_run or "rl"))
     base = base.lstrip("._-") or "rl"
+    pid = os.getpid()
     with _SAMPLES_LOCK:
-        if base not in _PROCESS_RUNS:
-            _PROCESS_RUNS[base] = f"{base[:80]}-env-{os.getpid()}-{secrets.token_hex(3)}"
-        return _PROCESS_RUNS[base]
+        if (pid, base) not in _PROCESS_RUNS:
+            _PROCESS_RUNS[pid, base] = f"{base[:80]}-env-{pid}-{secrets.token_hex(3)}"
+        return _PROCESS_RUNS[pid, base]
 
 
 class SandboxEnv(ClosedOnExit):
@@ -147,6 +155,8 @@ class SandboxEnv(ClosedOnExit):
 
             recorder = EpisodeWriter(self.warehouse, durability=durability)
         self._inner = recorder or NullRecorder()
+        if self.warehouse is not None:  # the run counts the episodes it has running
+            self._inner = TrackedRecorder(self._inner, self.warehouse)
         self.recorder = RolloutRecorder(self._inner, self.tags)
         self.task: Task | None = None
         self.episode: SteppedEpisode | None = None
@@ -160,7 +170,9 @@ class SandboxEnv(ClosedOnExit):
         """Start an episode of `task` (a Task or a dataset row); returns its first messages.
 
         A running episode is ended first (recorded as interrupted). Raises InfraError when
-        no sandbox could be opened after `open_attempts` tries, RowError for a bad row.
+        no sandbox could be opened after `open_attempts` tries, RowError for a bad row,
+        engine.RunLockedError (before anything is opened or written) when another process
+        writes this env's run_id.
         """
         if self.episode is not None and not self.episode.done:
             self.close("interrupted", "reset() before the episode ended")
@@ -342,16 +354,12 @@ class SandboxEnv(ClosedOnExit):
         return self.reward.score
 
     def _write_run(self) -> None:
+        """The env's run: held by this process and `running` from its first episode to the
+        process's end (rl.envruns); RunLockedError when another process writes it."""
         if self.warehouse is None:
             return
-        key = (str(self.warehouse), self.run_id)
-        with _SAMPLES_LOCK:
-            if key in _RUNS_WRITTEN:
-                return
-            _RUNS_WRITTEN.add(key)
-        from warehouse.store import Warehouse
-
-        Warehouse(self.warehouse).write_run(
+        open_env_run(
+            self.warehouse,
             self.run_id,
             model=self.policy.model,
             notes="rl step-wise environment",
