@@ -40,7 +40,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from datasets_prep.closing import ClosedOnExit
 from datasets_prep.rows import task_from_row
 from datasets_prep.task import Task
-from rl.envruns import TrackedRecorder, open_env_run
+from rl.envruns import TrackedRecorder, open_env_run, taken_samples
 from rl.envruns import finish_runs as finish_runs  # rl.env.finish_runs(): end the env runs
 from rl.recording import RolloutRecorder, RolloutTags
 from rl.reward import Reward, reward_of
@@ -83,6 +83,15 @@ def _next_sample(run_id: str, task_id: str) -> int:
     with _SAMPLES_LOCK:
         counter = _SAMPLES.setdefault((run_id, task_id), itertools.count())
         return next(counter)
+
+
+def _start_samples_after(run_id: str, taken: dict[str, int]) -> None:
+    """Sample indices of `run_id` continue after those already stored (rl.envruns)."""
+    with _SAMPLES_LOCK:
+        for task_id, top in taken.items():
+            counter = _SAMPLES.get((run_id, task_id))
+            start = top + 1 if counter is None else max(top + 1, next(counter))
+            _SAMPLES[(run_id, task_id)] = itertools.count(start)
 
 
 _PROCESS_RUNS: dict[tuple[int, str], str] = {}
@@ -358,7 +367,7 @@ class SandboxEnv(ClosedOnExit):
         process's end (rl.envruns); RunLockedError when another process writes it."""
         if self.warehouse is None:
             return
-        open_env_run(
+        opened = open_env_run(
             self.warehouse,
             self.run_id,
             model=self.policy.model,
@@ -370,3 +379,5 @@ class SandboxEnv(ClosedOnExit):
                 "limits": self.limits.model_dump(),
             },
         )
+        if opened:
+            _start_samples_after(self.run_id, taken_samples(self.warehouse, self.run_id))

@@ -65,17 +65,19 @@ def _mine(key: tuple[str, str]) -> _EnvRun | None:
     return run if run is not None and run.pid == os.getpid() else None
 
 
-def open_env_run(warehouse: Path, run_id: str, **fields: Any) -> None:
+def open_env_run(warehouse: Path, run_id: str, **fields: Any) -> bool:
     """Hold run `run_id` of `warehouse` for this process and record it `running` (once per
-    process; later calls return at once). `fields`: Warehouse.write_run's (model, config,
-    notes). Raises RunLockedError, nothing written, when another process holds the run."""
+    process; later calls return False at once). `fields`: Warehouse.write_run's (model,
+    config, notes). Raises RunLockedError, nothing written, when another process holds
+    the run. True when this call opened it (the caller then learns what earlier
+    processes stored in it: taken_samples)."""
     from warehouse import RunLocked
     from warehouse.store import Warehouse
 
     key = _key(warehouse, run_id)
     with _LOCK:
         if _mine(key) is not None:
-            return
+            return False
         wh = Warehouse(warehouse)
         held = contextlib.ExitStack()
         try:
@@ -92,6 +94,25 @@ def open_env_run(warehouse: Path, run_id: str, **fields: Any) -> None:
         if not _ATEXIT:
             atexit.register(_at_exit)
             _ATEXIT.append(True)
+    return True
+
+
+def taken_samples(warehouse: Path, run_id: str) -> dict[str, int]:
+    """{task_id: the highest sample index stored in the run}, episodes and orphan journals
+    of earlier processes alike: a process that writes the run again (an explicit run_id,
+    one after the other) starts after them, so its episode keys never overwrite theirs."""
+    from warehouse.store import Warehouse
+
+    wh = Warehouse(warehouse)
+    top: dict[str, int] = {}
+    keys: list[tuple[str | None, int | None]] = [
+        (t, s) for t, _, s in wh.done_keys(run_id, include_infra=True)
+    ]
+    keys += [(o.task_id, o.sample_index) for o in wh.orphans(run_id)]
+    for task, sample in keys:
+        if task is not None and sample is not None:
+            top[task] = max(top.get(task, -1), int(sample))
+    return top
 
 
 def _refusal(run_id: str, exc: Any) -> str:

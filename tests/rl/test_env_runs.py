@@ -218,6 +218,29 @@ def test_a_trainer_process_that_exits_ends_its_env_run(
     assert containers_of(rid) == []
 
 
+@pytest.mark.slow  # two trainer processes (~5 s each)
+@pytest.mark.usefixtures("sandbox_image")
+def test_a_trainer_that_writes_the_run_again_later_overwrites_nothing(tmp_path: Path) -> None:
+    """Sample indices are counted per process: a second trainer on the same explicit
+    run_id, after the first ended, starts after the samples the run holds (its episode
+    keys would be the first one's otherwise, and replace them). An orphan's sample counts
+    as taken too."""
+    from warehouse import Warehouse
+
+    wh, rid = tmp_path / "wh", new_run_id("envrun-again")
+    for mode in ("left", "ok"):
+        proc = trainer(tmp_path, mode, wh, rid)
+        _, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, (tmp_path / f"{mode}.err").read_text()
+    rows = Warehouse(wh).episodes(rid).to_pylist()
+    samples = sorted(e["sample_index"] for e in rows if e["task_id"] == "six-times-seven")
+    assert samples == [0, 1], rows
+    assert len({e["episode_id"] for e in rows}) == len(rows) == 2
+    (orphan,) = Warehouse(wh).orphans(rid)  # the first trainer's second episode, kept
+    assert (orphan.task_id, orphan.sample_index) == ("second", 0)
+    assert info_of(wh, rid)["status"] == "finished"
+
+
 @pytest.mark.slow  # a trainer process, a refused second writer, kill -9 (~8 s)
 @pytest.mark.usefixtures("sandbox_image")
 def test_a_second_process_is_refused_and_a_killed_trainer_reads_interrupted(
