@@ -51,6 +51,9 @@ OOM_FILES = (
 )
 PIDS_LIMIT = int(os.environ.get("SANDFLOW_PIDS_LIMIT", "0") or 0)
 LIFETIME_S = float(os.environ.get("SANDFLOW_LIFETIME_S", "0") or 0)
+# places on a filesystem other sandboxes share (bwrap's btrfs volumes): its free space
+# says nothing of this sandbox, so a reset does not compare it
+SHARED_FS_PLACES = tuple(p for p in os.environ.get("SANDFLOW_SHARED_FS_PLACES", "").split(":") if p)
 KILL_GRACE_S = 2.0
 READ_SYSCALL = {"x86_64": "0", "aarch64": "63"}.get(os.uname().machine)
 T_START = time.monotonic()
@@ -1919,6 +1922,30 @@ def op_fork_send(session, req):
     )
 
 
+def op_fork_look(session, req):
+    """Before a fork by snapshot (the host snapshots the places in `req["places"]`): the
+    processes it leaves behind, and the other writable places that hold something (then
+    the host forks by pipes instead: a snapshot would not carry them)."""
+    places = set(req.get("places") or ())
+    held = []
+    for root in wipe_roots():
+        if root in places:
+            continue
+        with contextlib.suppress(OSError), os.scandir(root) as it:
+            if next(it, None) is not None:
+                held.append(root)
+    procs = fork_processes(session.shell.pid)
+    send(
+        {
+            "id": req["id"],
+            "ok": True,
+            "held": held,
+            "processes": procs[:20],
+            "process_count": len(procs),
+        }
+    )
+
+
 def fcntl_setpipe(fd, size=1 << 20):
     import fcntl
 
@@ -2033,7 +2060,7 @@ def root_state(root):
     state: dict = {"mode": st.st_mode, "uid": st.st_uid, "gid": st.st_gid}
     state["xattrs"] = xattrs(root)
     state["entries"] = sorted(os.listdir(root))
-    if not root.startswith("/dev/mqueue"):
+    if not root.startswith("/dev/mqueue") and root not in SHARED_FS_PLACES:
         vfs = os.statvfs(root)
         state["free"] = (vfs.f_bfree, vfs.f_ffree)
     return state
@@ -2372,6 +2399,8 @@ def main():
                 op_fork_recv(req)
             elif op == "fork_wait":
                 op_fork_wait(req)
+            elif op == "fork_look":
+                op_fork_look(session, req)
             elif op == "reset":
                 session, failed = op_reset(session, chan, req)
                 send({"id": rid, "ok": not failed, "failed": failed[:20]})

@@ -38,13 +38,14 @@ import subprocess
 import time
 from pathlib import Path
 
-from sandbox import bwrap_egress, egress, reaper, registry, seccomp
+from sandbox import bwrap_egress, egress, reaper, registry, seccomp, volumes
 from sandbox.base import SandboxConfig, SandboxError
 from sandbox.bwrap_net import RESOLV_CONF, UserNat, read_child_pid, readable, slirp_available
 from sandbox.common import HELPER_CAPS, HOME, SANDBOX_GID, SANDBOX_UID, HelperSandbox, privsep
 from sandbox.gc import write_bwrap_state
 from sandbox.labels import make_labels
 from sandbox.protocol import BOOT_ARGV, TransportClosed
+from sandbox.settings import current as host_settings
 from sandbox.usage import ResourceUsage, from_cgroup_v1
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -218,6 +219,16 @@ class BwrapSandbox(HelperSandbox):
         self.ctl_fd_inside = -1
         self.nat: UserNat | None = None
         self.state_file: Path | None = None
+        # copy-on-write places (sandbox/volumes.py): the subvolume shown at them now
+        self.volumes: volumes.Volumes | None = None
+        self.volume = ""
+        self._forks_in = 0
+        self._stale_volumes: list[str] = []
+        if (root := host_settings().bwrap_volumes) is not None:
+            try:
+                self.volumes = volumes.for_root(root)
+            except volumes.VolumesUnavailable as e:
+                raise SandboxError(str(e)) from None
         t0 = time.perf_counter()
         reaper.ensure_started(docker=False)  # a kill -9 of ours leaves no cgroup nor state file
         self._start()
@@ -258,8 +269,13 @@ class BwrapSandbox(HelperSandbox):
         # the IPC namespace's POSIX message queues, visible (as with docker) so a pooled
         # sandbox's reset can remove them (sandbox/pool.py)
         argv += ["--mqueue", "/dev/mqueue"]
-        for path in ("/tmp", self.config.workdir, HOME):
-            argv += ["--perms", "1777", "--size", size, "--tmpfs", path]
+        if self.volumes is not None:  # the box's own subvolume (bwrap adds nosuid, nodev)
+            top = self.volumes.path(self.id)
+            for place, path in zip(volumes.PLACES, self._place_paths(), strict=True):
+                argv += ["--bind", str(top / place), path]
+        else:
+            for path in self._place_paths():
+                argv += ["--perms", "1777", "--size", size, "--tmpfs", path]
         if resolv_fd is not None:
             argv += ["--perms", "0444", "--ro-bind-data", str(resolv_fd), "/etc/resolv.conf"]
         elif lim.network == "host" and Path("/etc/resolv.conf").exists():
@@ -291,6 +307,31 @@ class BwrapSandbox(HelperSandbox):
             ]
         return argv + BOOT_ARGV
 
+    def _place_paths(self) -> tuple[str, str, str]:
+        return ("/tmp", self.config.workdir, HOME)  # in the order of volumes.PLACES
+
+    def _volume_limit(self) -> int:
+        """What a volume may write: as much as the three tmpfs places would hold."""
+        return len(volumes.PLACES) * (self.config.limits.tmp_size_mb << 20)
+
+    def take_snapshot_of(self, parent: BwrapSandbox) -> None:
+        """Show a snapshot of `parent`'s places at this sandbox's (a fork: sandbox/fork.py).
+        The subvolume shown before is removed once nothing holds it."""
+        assert self.volumes is not None and parent.volumes is self.volumes
+        self._forks_in += 1
+        name = f"{self.id}.f{self._forks_in}"
+        self.volumes.snapshot(parent.volume, name, self._volume_limit())
+        try:
+            self.volumes.mount_over(name, self.id)
+        except BaseException:
+            self.volumes.unmount(self.id)
+            self.volumes.delete(name)
+            raise
+        if self.volume != self.id:
+            self._stale_volumes.append(self.volume)
+        self.volume = name
+        self._stale_volumes = [v for v in self._stale_volumes if not self.volumes.delete(v)]
+
     def _environment(self) -> dict[str, str]:
         from sandbox.image import image_env
 
@@ -307,6 +348,8 @@ class BwrapSandbox(HelperSandbox):
             env.update(bwrap_egress.sandbox_env(self.egress))
         if self.ctl_fd_inside >= 0:
             env["SANDFLOW_CTL_FD"] = str(self.ctl_fd_inside)
+        if self.volumes is not None:
+            env["SANDFLOW_SHARED_FS_PLACES"] = ":".join(self._place_paths())
         return env
 
     def _start(self) -> None:
@@ -317,11 +360,21 @@ class BwrapSandbox(HelperSandbox):
             except OSError as e:
                 self.cgroups.remove()
                 raise SandboxError(f"cannot set up cgroups for {self.name}: {e}") from None
+        if self.volumes is not None:
+            try:
+                self.volumes.create(self.id, self._volume_limit())
+            except OSError as e:
+                if self.cgroups is not None:
+                    self.cgroups.remove()
+                raise SandboxError(f"cannot make the volume of {self.name}: {e}") from None
+            self.volume = self.id
         try:
             filter_r = seccomp.program_fd()
         except seccomp.SeccompUnavailable as e:
             if self.cgroups is not None:
                 self.cgroups.remove()
+            if self.volumes is not None:
+                self.volumes.remove_box(self.id)
             raise SandboxError(str(e)) from None
         # the helper's control socket: a fork's pipe ends are passed over it (sandbox/fork.py)
         self.ctl, ctl_box = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -365,7 +418,10 @@ class BwrapSandbox(HelperSandbox):
             fds = []
             self.transport = PipeTransport(self.proc)
             cgroup_dirs = [str(d) for d in self.cgroups.dirs.values()] if self.cgroups else []
-            self.state_file = write_bwrap_state(self.id, self.proc.pid, self.labels, cgroup_dirs)
+            self.state_file = write_bwrap_state(
+                self.id, self.proc.pid, self.labels, cgroup_dirs,
+                volumes=str(self.volumes.root) if self.volumes is not None else None,
+            )  # fmt: skip
             child = read_child_pid(info_r, self.proc) if info_r >= 0 else None
             if self.egress is not None and child is not None:
                 self.tap = bwrap_egress.open_tap(child, self.egress, self.name)
@@ -406,8 +462,18 @@ class BwrapSandbox(HelperSandbox):
             self.ctl.close()
         if self.cgroups is not None:
             self.cgroups.remove()
+        if self.volumes is not None and self.volume and not self._remove_volumes():
+            return  # the state file stays: gc removes what is left (sandbox/gc.py)
         if self.state_file is not None:
             self.state_file.unlink(missing_ok=True)
+
+    def _remove_volumes(self) -> bool:
+        assert self.volumes is not None
+        for _ in range(50):  # the sandbox's last processes let go of its mounts
+            if self.volumes.remove_box(self.id):
+                return True
+            time.sleep(0.02)
+        return False
 
     def _check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:

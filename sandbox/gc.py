@@ -121,13 +121,19 @@ def state_dir() -> Path:
 
 
 def write_bwrap_state(
-    sandbox_id: str, bwrap_pid: int, labels: dict[str, str], cgroups: list[str]
+    sandbox_id: str,
+    bwrap_pid: int,
+    labels: dict[str, str],
+    cgroups: list[str],
+    *,
+    volumes: str | None = None,
 ) -> Path:
     d = state_dir()
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{sandbox_id}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": bwrap_pid, "labels": labels, "cgroups": cgroups}))
+    state = {"pid": bwrap_pid, "labels": labels, "cgroups": cgroups, "volumes": volumes}
+    tmp.write_text(json.dumps(state))
     tmp.replace(path)
     return path
 
@@ -162,9 +168,29 @@ def remove_bwrap(info: SandboxInfo) -> bool:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     left = [cg for cg in state.get("cgroups", []) if not _remove_cgroup(Path(cg))]
+    if isinstance(root := state.get("volumes"), str) and not _remove_volumes(root, info.id):
+        left.append(root)
     if left:  # keep the state file: the next sweep or `sandflow sandbox gc` tries again
         return False
     path.unlink(missing_ok=True)
+    return True
+
+
+def _remove_volumes(root: str, sandbox_id: str, within_s: float = 5.0) -> bool:
+    """A dead bwrap sandbox's subvolumes and mounts (sandbox/volumes.py)."""
+    from sandbox import volumes
+
+    deadline = time.monotonic() + within_s
+    try:
+        store = volumes.for_root(Path(root))
+        while not store.remove_box(sandbox_id):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+    except volumes.VolumesUnavailable:
+        return True  # no btrfs mounted there any more: nothing of it is left
+    except (OSError, ValueError):
+        return False
     return True
 
 

@@ -11,7 +11,7 @@ The policy mirrors Docker's default profile for a container without CAP_SYS_ADMI
 have none): an allowlist, every other syscall fails with EPERM (so a syscall this list does
 not know, on a newer kernel, is refused too); `clone` only without namespace flags,
 `clone3` fails with ENOSYS (libc then falls back to `clone`, whose flags a filter can
-see), `socket` anything but AF_VSOCK, `personality` only the harmless personas. Only the
+see), `socket` anything but AF_VSOCK, `ioctl` anything but btrfs's (EOPNOTSUPP), `personality` only the harmless personas. Only the
 native architecture's syscalls pass: a 32-bit syscall from a 64-bit process kills it.
 
 libseccomp compiles the program (through `pyseccomp`, a ctypes binding of the system's
@@ -91,6 +91,7 @@ ALLOWED: tuple[str, ...] = tuple(_ALLOWED_WORDS.split())
 
 CLONE_NAMESPACES = 0x7E020000  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 AF_VSOCK = 40
+BTRFS_IOCTL_TYPE = 0x94
 PERSONAS = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)  # linux, +UNAME26 variants, the query
 
 
@@ -110,6 +111,8 @@ def program() -> bytes:
         ) from None
     flt = sc.SyscallFilter(sc.ERRNO(errno.EPERM))
     for name in ALLOWED:
+        if name == "ioctl":  # below, all but btrfs's
+            continue
         try:
             number = sc.resolve_syscall(sc.Arch.NATIVE, name)
         except (OSError, ValueError):
@@ -120,6 +123,17 @@ def program() -> bytes:
     flt.add_rule(sc.ALLOW, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_NAMESPACES, 0))
     flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     flt.add_rule(sc.ALLOW, "socket", sc.Arg(0, sc.NE, AF_VSOCK))
+    # btrfs's ioctls (subvolumes, snapshots, reflinks; magic 0x94): a sandbox whose places
+    # are btrfs volumes (sandbox/volumes.py) must not make subvolumes the host would have
+    # to find, nor clone blocks its quota does not count. EOPNOTSUPP: `cp` copies instead.
+    # (libseccomp lets an unconditional rule win, and has no "masked not equal": so each
+    # other ioctl type byte is allowed by its own rule)
+    flt.add_rule(
+        sc.ERRNO(errno.EOPNOTSUPP), "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFF00, BTRFS_IOCTL_TYPE << 8)
+    )
+    for kind in range(256):
+        if kind != BTRFS_IOCTL_TYPE:
+            flt.add_rule(sc.ALLOW, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFF00, kind << 8))
     for persona in PERSONAS:
         flt.add_rule(sc.ALLOW, "personality", sc.Arg(0, sc.EQ, persona))
     with tempfile.TemporaryFile() as f:

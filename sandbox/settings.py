@@ -49,6 +49,10 @@ class HostSettings:
     $XDG_CACHE_HOME/sandflow (~/.cache/sandflow)."""
     debian_mirror: str | None = None
     """The image build's Debian mirror. None: the one this machine's apt uses."""
+    bwrap_volumes: Path | None = None
+    """A btrfs mount (root only; `scripts/setup.sh --volumes` makes one) where bwrap
+    sandboxes keep their workdir, home and /tmp as subvolumes instead of tmpfs: a fork is
+    a snapshot (sandbox/volumes.py; docs/sandbox.md, "Copy-on-write"). None: tmpfs."""
 
     def __post_init__(self) -> None:
         if not self.engine_call_timeout_s > 0:
@@ -82,7 +86,7 @@ def configure(settings: HostSettings | None = None, **changes: Any) -> HostSetti
     """Use `settings` (or the current ones with `changes`) from now on; returns the
     previous settings, so a caller can put them back."""
     global _current
-    for name in ("egress_dir", "cache_dir"):
+    for name in ("egress_dir", "cache_dir", "bwrap_volumes"):
         if isinstance(changes.get(name), str):
             changes[name] = Path(changes[name])
     with _lock:

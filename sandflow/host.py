@@ -36,6 +36,7 @@ SANDBOX_FIELDS = {  # ours -> sandbox.settings.HostSettings
     "egress_nflog_group": "egress_nflog_group",
     "cache_dir": "cache_dir",
     "debian_mirror": "debian_mirror",
+    "bwrap_volumes": "bwrap_volumes",
 }
 DATA_FIELDS = ("python_docs", "nltk_data")
 LIMIT_FIELDS = ("max_file_bytes", "max_text_bytes", "max_task_bytes", "max_files_per_task", "max_table_bytes")
@@ -58,6 +59,7 @@ class HostSettings(BaseSettings):
     egress_nflog_group: int = Field(31413, ge=0, le=65535, description="docker egress firewall's log group")
     cache_dir: Path | None = Field(None, description="image build cache; None: ~/.cache/sandflow")
     debian_mirror: str | None = Field(None, description="image build mirror; None: this machine's apt's")
+    bwrap_volumes: Path | None = Field(None, description="btrfs mount for bwrap places: forks are snapshots")
     # datasets_prep/ (datasets_prep.settings, datasets_prep.limits)
     python_docs: Path = Field(Path("/usr/share/doc/python3.11/html/_sources"), description="long_context's docs")
     nltk_data: Path | None = Field(None, description="NLTK data for IFBench; None: ~/.cache/sandflow/nltk_data")

@@ -122,6 +122,33 @@ def sandbox_image(docker_engine: object) -> str:
 
 
 @pytest.fixture(scope="session")
+def bwrap_volumes(sandbox_rootfs: str) -> Iterator[Path]:
+    """A btrfs filesystem of this session's own for bwrap's copy-on-write places
+    (sandbox/volumes.py: what `scripts/setup.sh --volumes` makes), in a sparse file on
+    /dev/shm; unmounted and deleted at the end of the session."""
+    import shutil
+    import subprocess
+
+    from sandbox import volumes
+
+    if os.geteuid() != 0 or shutil.which("mkfs.btrfs") is None:
+        pytest.fail(
+            "bwrap volumes need root and mkfs.btrfs: bash scripts/setup.sh --test", pytrace=False
+        )
+    image = Path(f"/dev/shm/sandflow-test-volumes-{os.getpid()}.img")
+    mount = Path(tempfile.mkdtemp(prefix="sandflow-test-volumes-"))
+    try:
+        volumes.make_filesystem(image, mount, 4)
+    except (OSError, subprocess.CalledProcessError, volumes.VolumesUnavailable) as e:
+        image.unlink(missing_ok=True)
+        pytest.fail(f"cannot make the test's btrfs volumes: {e}", pytrace=False)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+    image.unlink(missing_ok=True)
+    mount.rmdir()
+
+
+@pytest.fixture(scope="session")
 def second_engine(sandbox_image: str) -> Iterator[str]:
     """A second Docker engine for this session (scripts/engine2.sh, with a directory,
     bridge and subnet of this session's own), the sandbox image loaded into it from the

@@ -24,19 +24,25 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(scope="session")
-def make_config(backend: str, test_run_id: str) -> Callable[..., SandboxConfig]:
+def config_maker(backend: str, run_id: str) -> Callable[..., SandboxConfig]:
+    """make(episode, **limits): a SandboxConfig of the tests' small limits."""
+
     def make(episode: str = "ep", **limits: object) -> SandboxConfig:
         base = {"memory_mb": 512, "pids": 128, "cpus": 1.0, "tmp_size_mb": 256}
         base.update(limits)
         return SandboxConfig(
             backend=backend,  # type: ignore[arg-type]
-            run_id=test_run_id,
+            run_id=run_id,
             episode_id=episode,
             limits=SandboxLimits(**base),  # type: ignore[arg-type]
         )
 
     return make
+
+
+@pytest.fixture(scope="session")
+def make_config(backend: str, test_run_id: str) -> Callable[..., SandboxConfig]:
+    return config_maker(backend, test_run_id)
 
 
 @pytest.fixture(scope="session")

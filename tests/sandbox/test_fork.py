@@ -1,4 +1,5 @@
-"""Fork a live sandbox (issue #25): the reset battery turned around, on both backends.
+"""Fork a live sandbox (issue #25): the reset battery turned around, on both backends,
+and on bwrap with copy-on-write volumes (sandbox/volumes.py: a fork is a btrfs snapshot).
 
 A parent is shaped (files in every writable place, locked folders, links, odd names,
 variables, functions, aliases, traps, options, umask, ulimits, cwd, $?) and forked. Every
@@ -12,15 +13,47 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandbox import SandboxConfig, open_sandbox, registry
+from sandbox import settings as sandbox_settings
 from sandbox.archive import CopyLimits
 from sandbox.fork import ForkError
+from tests.sandbox.conftest import BACKENDS, config_maker
 from tests.sandbox.test_pool_reset import PROBES
+
+VOLUMES = "bwrap-volumes"  # bwrap, its places on btrfs volumes: forks are snapshots
+
+
+@pytest.fixture(scope="module", params=[*BACKENDS, VOLUMES])
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "docker":
+        request.getfixturevalue("sandbox_image")
+        yield "docker"
+        return
+    request.getfixturevalue("sandbox_rootfs")
+    if request.param != VOLUMES:
+        yield "bwrap"
+        return
+    previous = sandbox_settings.configure(bwrap_volumes=request.getfixturevalue("bwrap_volumes"))
+    try:
+        yield "bwrap"
+    finally:
+        sandbox_settings.configure(previous)
+
+
+@pytest.fixture(scope="module")
+def make_config(backend: str, test_run_id: str) -> Callable[..., SandboxConfig]:
+    return config_maker(backend, test_run_id)
+
+
+def _on_volumes(sb: Any) -> bool:
+    return getattr(sb, "volumes", None) is not None
+
 
 # the probes whose subject a fork carries (docs/sandbox.md, "Fork")
 CARRIED = (
@@ -95,6 +128,8 @@ def test_each_child_sees_every_trace_the_parent_leaves(
     assert children[0].name != children[1].name != parent.name
     if parent.backend == "docker":  # its bytes took the side channel (sandbox/bulk.py)
         assert parent.bulk.taken == 1 and [c.bulk.taken for c in children] == [1, 1]
+    method = "snapshot" if _on_volumes(parent) else "pipes"
+    assert [c.fork_info.method for c in children] == [method, method]
     for child in children:
         assert child.exec("echo $?").stdout == "0\n"  # as in the parent: its last `echo $?`
         seen = _observe(child)
@@ -163,6 +198,8 @@ def test_a_fork_copies_at_most_the_limit_and_leaves_no_child(
     make_config: Callable[..., SandboxConfig],
 ) -> None:
     with _open(make_config("fork-limits")) as parent:
+        if _on_volumes(parent):
+            pytest.skip("a snapshot copies nothing: test_a_snapshot_child_writes_at_most_its_limit")
         parent.exec(
             "head -c 2000000 /dev/zero > /tmp/big; mkdir /testbed/m; "
             "for i in $(seq 60); do : > /testbed/m/$i; done"
@@ -227,6 +264,8 @@ def test_a_child_refuses_a_forged_fork_archive(
     """What the parent wrote is hostile: a child writes nothing outside its places, and
     never through a symlink the archive planted."""
     with _open(make_config("fork-forged")) as child:
+        if _on_volumes(child):
+            pytest.skip("the same helper as bwrap's: its archives are tested there")
         blob = _tar(*members)
         # over the helper's channel, and over docker's side channel (sandbox/bulk.py)
         for bulk in [None, child.bulk] if child.bulk is not None else [None]:
@@ -240,3 +279,81 @@ def test_a_child_refuses_a_forged_fork_archive(
             r = child.exec("for p in /home/sandbox/x /etc/x; do [ -e $p ] && echo LEAK $p; done")
             assert "LEAK" not in r.stdout, r.stdout
             assert child.exec("echo alive").stdout == "alive\n"  # the channel stays in step
+
+
+# ------------------------------------------------------------------ copy-on-write volumes
+
+
+@pytest.fixture
+def volumes_config(make_config: Callable[..., SandboxConfig]) -> Callable[..., SandboxConfig]:
+    probe = _open(make_config("fork-volumes-probe"))
+    on = _on_volumes(probe)
+    probe.close()
+    if not on:
+        pytest.skip("bwrap volumes only")
+    return make_config
+
+
+def test_a_snapshot_child_writes_at_most_its_limit(
+    volumes_config: Callable[..., SandboxConfig],
+) -> None:
+    """A child shares its parent's blocks and may write its own limit on top (three
+    places of tmp_size_mb): past it, EDQUOT, and the parent is untouched."""
+    with _open(volumes_config("fork-quota", tmp_size_mb=16)) as parent:
+        assert parent.exec("head -c 20000000 /dev/zero > /testbed/big").exit_code == 0
+        (child,) = parent.fork(1)
+        with child:
+            r = child.exec(
+                "head -c 80000000 /dev/zero > /tmp/more; echo rc=$?; stat -c %s /tmp/more"
+            )
+            assert "rc=1" in r.stdout and "Disk quota exceeded" in r.stderr, r
+            assert int(r.stdout.split()[-1]) <= 3 * 16 << 20
+            assert child.exec("stat -c %s /testbed/big").stdout == "20000000\n"
+        assert parent.exec("ls /tmp").stdout == ""
+
+
+def test_a_sandbox_on_volumes_cannot_make_subvolumes_nor_clone_blocks(
+    volumes_config: Callable[..., SandboxConfig],
+) -> None:
+    """btrfs's ioctls are refused by the seccomp filter: no subvolume the host would have
+    to find, no reflink its quota would not count (cp falls back to copying)."""
+    create = (
+        "import fcntl, os; fd = os.open('/testbed', os.O_RDONLY); "
+        "b = bytearray(4096); b[56:59] = b'sub'; "
+        "fcntl.ioctl(fd, (1 << 30) | (4096 << 16) | (0x94 << 8) | 24, b)"
+    )
+    with _open(volumes_config("fork-ioctl")) as box:
+        r = box.exec(f'python3 -c "{create}"; ls /testbed')
+        assert "Operation not supported" in r.stderr and "sub" not in r.stdout, r
+        r = box.exec(
+            "echo hi > /tmp/a; cp --reflink=always /tmp/a /tmp/b; cp /tmp/a /tmp/c; cat /tmp/c"
+        )
+        assert "Operation not supported" in r.stderr and r.stdout == "hi\n", r
+
+
+def test_a_pooled_child_forked_into_again_and_closed_leaves_no_volume(
+    volumes_config: Callable[..., SandboxConfig],
+) -> None:
+    """A child reset by a pool and forked into again shows the new snapshot; every
+    subvolume and mount of a closed sandbox is gone."""
+    parent = _open(volumes_config("fork-again"))
+    child = _open(volumes_config("fork-again-child"))
+    store = parent.volumes
+    try:
+        parent.exec("echo one > /testbed/v")
+        parent.fork(1, children=[child])
+        assert child.exec("cat /testbed/v").stdout == "one\n"
+        assert child.reset() == []
+        assert child.exec("ls -A /testbed /tmp /home/sandbox | grep -v :").stdout.strip() == ""
+        parent.exec("echo two > /testbed/v")
+        parent.fork(1, children=[child])
+        assert child.exec("cat /testbed/v").stdout == "two\n"
+        assert store.names(child.id) == [child.id, f"{child.id}.f2"]  # f1 went at once
+    finally:
+        ids = [parent.id, child.id]
+        parent.close()
+        child.close()
+    left = [n for i in ids for n in store.names(i)]
+    assert left == []
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    assert [m for m in mounts if any(f"{store.root}/{i}/" in m for i in ids)] == []
