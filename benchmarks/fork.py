@@ -1,13 +1,18 @@
 """Forking a live sandbox (issue #25) against the sandbox's own copy of the same files.
 
     .venv/bin/python benchmarks/fork.py [--rounds 15] [--fresh-rounds 5] [--no-bwrap]
+                                        [--no-volumes | --volumes PATH]
                                         [--no-replay | --replay-only] [--no-tree | --tree-only]
                                         [--tree-at-once N]
 
 The parent holds 10 MB in 1,000 files (100 folders) plus a shaped shell (exported and
 plain variables, arrays, functions, aliases, options, umask, ulimits, cwd). Figures (p50s):
   fork        parent.fork(1, children=[c]) into a started sandbox (a pool's reset one)
-              goal <= 50 ms (docker), <= 20 ms (bwrap)
+              goal <= 50 ms (docker), <= 20 ms (bwrap); bwrap twice: with its tmpfs
+              places (fork by pipes: `_bwrap`) and with copy-on-write btrfs volumes
+              (fork by snapshot: `_bwrap_volumes`; sandbox/volumes.py), on a btrfs the
+              benchmark makes on /dev/shm (root and mkfs.btrfs; --volumes PATH: one
+              already mounted, e.g. `scripts/setup.sh --volumes`'s)
   fork_fresh  parent.fork(1): the child's start included (no goal; start is benchmarks/sandbox.py's)
   floor       `cp -a` of the same places inside the parent (the copy the kernel alone does)
   extract     GNU tar -x of the same files from an archive already made, inside the parent,
@@ -27,16 +32,22 @@ The last line printed is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sandbox import SandboxConfig, SandboxLimits, open_sandbox  # noqa: E402
+from sandbox import settings as sandbox_settings  # noqa: E402
+from sandbox import volumes as sandbox_volumes  # noqa: E402
 
 SHAPE = r"""
 for d in $(seq 100); do mkdir -p /testbed/pkg$d
@@ -46,7 +57,7 @@ cd /testbed/pkg7 && export PROJECT=demo PATH=/testbed/bin:$PATH && umask 027
 build_dir=/tmp/out; declare -a targets=(a b c); f() { echo "$@"; }; alias t='pytest -q'
 set -o pipefail; shopt -s globstar; ulimit -S -n 512; true
 """
-GOAL_MS = {"docker": 50.0, "bwrap": 20.0}
+GOAL_MS = {"docker": 50.0, "bwrap": 20.0, "bwrap_volumes": 20.0}
 # the files made from an archive at hand, as a fork's child does (umask 0, -p, 64 KiB
 # records), timed inside the sandbox: nanoseconds on stdout
 EXTRACT = (
@@ -63,6 +74,17 @@ def _open(config: SandboxConfig) -> Any:
 
 def p50(xs: list[float]) -> float:
     return statistics.median(xs) * 1000.0
+
+
+@contextlib.contextmanager
+def _volumes(path: str | None) -> Iterator[Path]:
+    """bwrap sandboxes opened meanwhile keep their places on btrfs volumes at `path` (or
+    on a scratch btrfs made for the benchmark)."""
+    with contextlib.ExitStack() as stack:
+        root = Path(path) if path else stack.enter_context(sandbox_volumes.scratch_filesystem(4))
+        previous = sandbox_settings.configure(bwrap_volumes=root)
+        stack.callback(sandbox_settings.configure, previous)
+        yield root
 
 
 def bench(backend: str, rounds: int, fresh_rounds: int) -> dict[str, Any]:
@@ -261,6 +283,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--fresh-rounds", type=int, default=5)
     ap.add_argument("--no-bwrap", action="store_true")
+    ap.add_argument("--no-volumes", action="store_true", help="skip bwrap on btrfs volumes")
+    ap.add_argument("--volumes", metavar="PATH", help="a btrfs mount for bwrap's volumes")
     ap.add_argument("--no-replay", action="store_true", help="skip the replay figures")
     ap.add_argument("--replay-only", action="store_true", help="only the replay figures")
     ap.add_argument("--no-tree", action="store_true", help="skip the tree figure")
@@ -270,10 +294,17 @@ def main() -> None:
     args = ap.parse_args()
     fig: dict[str, Any] = {"benchmark": "fork"}
     only = args.replay_only or args.tree_only
-    backends = () if only else ("docker",) if args.no_bwrap else ("docker", "bwrap")
+    backends: tuple[str, ...] = () if only else ("docker",) if args.no_bwrap else ("docker", "bwrap")
+    can_volumes = os.geteuid() == 0 and (args.volumes or shutil.which("mkfs.btrfs"))
+    if "bwrap" in backends and not args.no_volumes:
+        if can_volumes:
+            backends += ("bwrap_volumes",)
+        else:
+            print("bwrap volumes: skipped (needs root and mkfs.btrfs: apt-get install btrfs-progs)")
     for backend in backends:
-        r = bench(backend, args.rounds, args.fresh_rounds)
-        sfx = "" if backend == "docker" else "_bwrap"
+        with _volumes(args.volumes) if backend == "bwrap_volumes" else contextlib.nullcontext():
+            r = bench(backend.split("_")[0], args.rounds, args.fresh_rounds)
+        sfx = "" if backend == "docker" else f"_{backend}"
         fig[f"fork_p50_ms{sfx}"] = r["p50_ms"]
         fig[f"fork_fresh_p50_ms{sfx}"] = r["fresh_p50_ms"]
         fig[f"fork_floor_cp_p50_ms{sfx}"] = r["floor_p50_ms"]
@@ -283,7 +314,7 @@ def main() -> None:
         fig[f"fork_pass{sfx}"] = r["p50_ms"] <= GOAL_MS[backend]
         fig["bytes"], fig["files"] = r["bytes"], r["files"]
         print(
-            f"{backend:6} fork {r['p50_ms']:7.1f} ms (goal <= {GOAL_MS[backend]:.0f})  "
+            f"{backend:13} fork {r['p50_ms']:7.1f} ms (goal <= {GOAL_MS[backend]:.0f})  "
             f"with the child's start {r['fresh_p50_ms']:7.1f} ms  "
             f"floor cp -a {r['floor_p50_ms']:6.1f} ms  ratio {r['p50_ms'] / r['floor_p50_ms']:.2f}x  "
             f"extract alone {r['extract_p50_ms']:6.1f} ms  "

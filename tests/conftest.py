@@ -132,20 +132,12 @@ def bwrap_volumes(sandbox_rootfs: str) -> Iterator[Path]:
     from sandbox import volumes
 
     if os.geteuid() != 0 or shutil.which("mkfs.btrfs") is None:
-        pytest.fail(
-            "bwrap volumes need root and mkfs.btrfs: bash scripts/setup.sh --test", pytrace=False
-        )
-    image = Path(f"/dev/shm/sandflow-test-volumes-{os.getpid()}.img")
-    mount = Path(tempfile.mkdtemp(prefix="sandflow-test-volumes-"))
+        pytest.fail("bwrap volumes need root and mkfs.btrfs: bash scripts/setup.sh --test", pytrace=False)
     try:
-        volumes.make_filesystem(image, mount, 4)
-    except (OSError, subprocess.CalledProcessError, volumes.VolumesUnavailable) as e:
-        image.unlink(missing_ok=True)
+        with volumes.scratch_filesystem(4, prefix="sandflow-test-volumes") as mount:
+            yield mount
+    except (subprocess.CalledProcessError, volumes.VolumesUnavailable) as e:
         pytest.fail(f"cannot make the test's btrfs volumes: {e}", pytrace=False)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-    image.unlink(missing_ok=True)
-    mount.rmdir()
 
 
 @pytest.fixture(scope="session")

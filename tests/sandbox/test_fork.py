@@ -357,3 +357,83 @@ def test_a_pooled_child_forked_into_again_and_closed_leaves_no_volume(
     assert left == []
     mounts = Path("/proc/self/mountinfo").read_text().splitlines()
     assert [m for m in mounts if any(f"{store.root}/{i}/" in m for i in ids)] == []
+
+
+def test_a_child_on_volumes_reset_after_its_fork_equals_a_fresh_sandbox(
+    volumes_config: Callable[..., SandboxConfig],
+) -> None:
+    """The pool's promise holds for a child shown a snapshot: after a dirty episode and
+    a reset, every probe of the reset battery sees a fresh sandbox."""
+    from tests.sandbox.test_pool_reset import DIRTY
+
+    with _open(volumes_config("fork-fresh-probe")) as fresh:
+        expected = _observe_all(fresh)
+    with _open(volumes_config("fork-reset-parent")) as parent, _open(
+        volumes_config("fork-reset-child")
+    ) as child:
+        assert parent.exec(SHAPE, timeout=60).exit_code == 3
+        parent.fork(1, children=[child])
+        assert child.exec(DIRTY, timeout=60).exit_code == 0
+        assert child.reset() == []
+        after = _observe_all(child)
+        # but df: the places' filesystem is shared by every sandbox on the volumes, so its
+        # free space moves with all of them (docs/sandbox.md, "Copy-on-write")
+        differ = [p for p in PROBES if after[p] != expected[p] and p != "writable_places_space"]
+        assert differ == [], "\n".join(f"{p}:\n{after[p]}\n--- fresh:\n{expected[p]}" for p in differ)
+
+
+def _observe_all(sb: Any) -> dict[str, str]:
+    out = {}
+    for name, cmd in PROBES.items():
+        r = sb.exec(cmd, timeout=30)
+        out[name] = f"{r.exit_code}\n{r.stdout}\n{r.stderr}"
+    return out
+
+
+_VOLUMES_OWNER = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from sandbox import SandboxConfig, open_sandbox, settings
+settings.configure(bwrap_volumes={root!r})
+cfg = SandboxConfig(backend="bwrap", run_id={run_id!r})
+parent = open_sandbox(cfg)
+parent.exec("echo x > /testbed/x")
+(child,) = parent.fork(1)
+print(parent.id, child.id, flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_volumes_of_a_killed_owner_are_removed(
+    volumes_config: Callable[..., SandboxConfig], bwrap_volumes: Path, test_run_id: str
+) -> None:
+    """kill -9 of the process that made the sandboxes: its reaper removes them, their
+    subvolumes and the snapshot's mounts."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from sandbox import volumes
+    from tests.sandbox.test_pool_reset import REPO
+
+    run_id = f"{test_run_id}-volkill"
+    code = _VOLUMES_OWNER.format(repo=REPO, root=str(bwrap_volumes), run_id=run_id)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    store = volumes.for_root(bwrap_volumes)
+    try:
+        assert proc.stdout is not None
+        ids = proc.stdout.readline().split()
+        assert len(ids) == 2, "the owner did not fork"
+        assert store.names(ids[1]) == [ids[1], f"{ids[1]}.f1"]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while any(store.names(i) for i in ids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [n for i in ids for n in store.names(i)] == []
+        mounts = Path("/proc/self/mountinfo").read_text()
+        assert not any(f"{bwrap_volumes}/{i}/" in mounts for i in ids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
