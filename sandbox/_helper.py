@@ -1276,7 +1276,7 @@ def fork_get(session, req, fd):
     exporter = Exporter(
         out, int(req.get("max_bytes") or 0), int(req.get("max_entries") or 0), deadline
     )
-    roots = wipe_roots()
+    roots = fork_roots()
     locked = unlock_owned(roots, deadline)
     exporter.modes = locked
     exporter.owners = False
@@ -1292,12 +1292,15 @@ def fork_get(session, req, fd):
     out.write(b"\0" * 1024)
     out.flush()
     procs = fork_processes(session.shell.pid)
+    summary = exporter.summary(t0)
+    if queues := message_queues():
+        summary.setdefault("skipped", {})["message_queues"] = queues
     send(
         {
             "id": req["id"],
             "ok": True,
             "roots": roots,
-            "summary": exporter.summary(t0),
+            "summary": summary,
             "processes": procs[:20],
             "process_count": len(procs),
         },
@@ -1490,7 +1493,7 @@ def fork_put(chan, req):
     kept, folders' modes set last (a locked folder is filled first). Files are created with
     their mode (umask 0 for the time of the put): no chmod per file."""
     src = ChunkedReader(chan)
-    roots = [r.lstrip("/") for r in wipe_roots()]
+    roots = [r.lstrip("/") for r in fork_roots()]
     checked = {"/" + r for r in roots}
     dirs = []
     written = set()
@@ -1878,7 +1881,7 @@ def op_fork_send(session, req):
                 tools.start(argv, r, fd)
             finally:
                 os.close(r)
-        roots = wipe_roots()
+        roots = fork_roots()
         entries, total = fork_walk(
             roots,
             deadline,
@@ -1895,6 +1898,8 @@ def op_fork_send(session, req):
             os.close(fd)
     if any(k in tools.skipped for k in ("over_count", "over_size", "time_limit")):
         tools.kill()
+    if queues := message_queues():
+        tools.skipped["message_queues"] = queues
     procs = fork_processes(session.shell.pid, {pid for pid, _, _ in tools.procs})
     locked = {}
     room = LOCKED_CHARS
@@ -1928,7 +1933,7 @@ def op_fork_look(session, req):
     the host forks by pipes instead: a snapshot would not carry them)."""
     places = set(req.get("places") or ())
     held = []
-    for root in wipe_roots():
+    for root in fork_roots():
         if root in places:
             continue
         with contextlib.suppress(OSError), os.scandir(root) as it:
@@ -1940,6 +1945,7 @@ def op_fork_look(session, req):
             "id": req["id"],
             "ok": True,
             "held": held,
+            "summary": {"skipped": {"message_queues": queues} if (queues := message_queues()) else {}},
             "processes": procs[:20],
             "process_count": len(procs),
         }
@@ -1966,7 +1972,7 @@ def op_fork_recv(req):
     deadline = fork_deadline(req)
     (fd,) = recv_fds(str(req.get("token")), 1, req)
     tools = fork_tools("recv", deadline)
-    roots = [r[1:] for r in wipe_roots()]
+    roots = [r[1:] for r in fork_roots()]
     # the places themselves are left as they are (exactly those names excluded: no
     # recursion for those patterns); only what is under them is written
     argv = [TAR, "-x", "-f", "-", "-C", "/", "--no-same-owner", "--preserve-permissions",
@@ -2025,6 +2031,19 @@ def user_writable(root):
     return bool(st.st_mode & stat.S_IWOTH) or (
         st.st_gid == SANDBOX_GID and bool(st.st_mode & stat.S_IWGRP)
     )
+
+
+def fork_roots():
+    """The writable places a fork carries: all the reset wipes but /dev/mqueue (a POSIX
+    message queue cannot be made by writing a file: counted, not carried)."""
+    return [r for r in wipe_roots() if r != "/dev/mqueue"]
+
+
+def message_queues():
+    try:
+        return len(os.listdir("/dev/mqueue"))
+    except OSError:
+        return 0
 
 
 def wipe_roots():

@@ -332,6 +332,20 @@ class BwrapSandbox(HelperSandbox):
         self.volume = name
         self._stale_volumes = [v for v in self._stale_volumes if not self.volumes.delete(v)]
 
+    def reset(self) -> list[str]:
+        """The pool's reset; a child shown a snapshot gets its own (empty) subvolume back
+        first, so the reset wipes nothing the fork brought: its cost does not grow with
+        what the parent held."""
+        if self.volumes is not None and self.volume != self.id and not self.closed:
+            if not self.volumes.unmount(self.id):
+                return [f"reset: the snapshot over {self.name}'s places could not be detached"]
+            self._stale_volumes.append(self.volume)
+            self.volume = self.id
+        failed = super().reset()
+        if self.volumes is not None:
+            self._stale_volumes = [v for v in self._stale_volumes if not self.volumes.delete(v)]
+        return failed
+
     def _environment(self) -> dict[str, str]:
         from sandbox.image import image_env
 

@@ -238,14 +238,21 @@ class Volumes:
             flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV
             _check(_libc.mount(None, d, None, flags, None), f"remount {box_id}/{place}")
 
-    def unmount(self, box_id: str) -> None:
-        """Detach every mount on box `box_id`'s places (from the sandbox too)."""
-        top = str(self.path(box_id))
+    def unmount(self, box_id: str) -> bool:
+        """Detach every mount on box `box_id`'s places (from the sandbox too). True when
+        each place shows the box's own subvolume again (a subvolume has a device number
+        of its own, so a snapshot's folder mounted there has another)."""
+        top = self.path(box_id)
         for place in PLACES:
-            target = f"{top}/{place}"
+            target = str(top / place).encode()
             for _ in range(64):  # mounts stacked there, if any (never more than one of ours)
-                if _libc.umount2(target.encode(), MNT_DETACH) != 0:
+                if _libc.umount2(target, MNT_DETACH) != 0:
                     break
+        try:
+            own = os.stat(top).st_dev
+            return all(os.stat(top / place).st_dev == own for place in PLACES)
+        except OSError:
+            return False
 
     def remove_box(self, box_id: str) -> bool:
         """Everything of one box (its sandbox is gone): the mounts, then its subvolumes."""

@@ -437,3 +437,15 @@ def test_the_volumes_of_a_killed_owner_are_removed(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_message_queue_is_counted_not_carried(make_config: Callable[..., SandboxConfig]) -> None:
+    """A POSIX message queue (in /dev/mqueue) cannot be made by writing a file: every road
+    leaves it out and counts it (it used to fail the fork: tar could not write it)."""
+    with _open(make_config("fork-mqueue")) as parent:
+        parent.exec(": > /dev/mqueue/q; echo kept > /testbed/a")
+        (child,) = parent.fork(1)
+        with child:
+            assert child.fork_info is not None
+            assert child.fork_info.skipped.get("message_queues") == 1, child.fork_info
+            assert child.exec("cat /testbed/a; ls /dev/mqueue").stdout == "kept\n"
