@@ -64,6 +64,12 @@ MS_BIND, MS_REMOUNT, MS_NOSUID, MS_NODEV, MS_SHARED = 4096, 32, 2, 4, 1 << 20
 MNT_DETACH = 2
 
 
+_HOW = (
+    " (make one with `sudo bash scripts/setup.sh --volumes`, docs/sandbox.md "
+    '"Copy-on-write places"; or leave bwrap_volumes unset for tmpfs places)'
+)
+
+
 class VolumesUnavailable(RuntimeError):
     """The root cannot hold sandboxes' volumes (not btrfs, not root, no quotas)."""
 
@@ -143,19 +149,16 @@ class Volumes:
         try:
             fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as e:
-            raise VolumesUnavailable(f"bwrap volumes at {root}: {e.strerror}") from None
+            raise VolumesUnavailable(f"bwrap volumes at {root}: {e.strerror}{_HOW}") from None
         self._fd = fd
         try:
             info = bytearray(1024)
             fcntl.ioctl(fd, _FS_INFO, info)
         except OSError:
-            raise VolumesUnavailable(
-                f"bwrap volumes at {root}: not a btrfs filesystem (make one with "
-                "`scripts/setup.sh --volumes`, docs/sandbox.md 'Copy-on-write')"
-            ) from None
+            raise VolumesUnavailable(f"bwrap volumes at {root}: not a btrfs filesystem{_HOW}") from None
         mine = [m for m in _mountinfo() if m[4] == str(root)]
         if not mine or mine[-1][mine[-1].index("-") + 1] != "btrfs":
-            raise VolumesUnavailable(f"bwrap volumes at {root}: not where a btrfs is mounted")
+            raise VolumesUnavailable(f"bwrap volumes at {root}: not where a btrfs is mounted{_HOW}")
         if not any(f.startswith("shared:") for f in mine[-1][6 : mine[-1].index("-")]):
             # the mounts a fork puts on a box's places reach its sandbox only through a
             # shared root (bwrap makes the sandbox's copies slaves of it)

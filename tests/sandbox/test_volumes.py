@@ -183,3 +183,17 @@ def test_the_volumes_of_a_killed_owner_are_removed(
             proc.kill()
 
 
+
+
+def test_a_root_that_is_not_btrfs_is_one_sentence(sandbox_rootfs: str, tmp_path: Path) -> None:
+    from sandbox.base import SandboxConfig, SandboxError
+
+    previous = sandbox_settings.configure(bwrap_volumes=tmp_path)
+    try:
+        with pytest.raises(SandboxError, match="not a btrfs filesystem .*setup.sh --volumes"):
+            open_sandbox(SandboxConfig(backend="bwrap"))
+        sandbox_settings.configure(bwrap_volumes=tmp_path / "missing")
+        with pytest.raises(SandboxError, match="No such file or directory"):
+            open_sandbox(SandboxConfig(backend="bwrap"))
+    finally:
+        sandbox_settings.configure(previous)
