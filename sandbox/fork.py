@@ -167,8 +167,9 @@ def fork_by_snapshot(parent: Any, children: list[Any]) -> ForkInfo | None:
     """The fork of bwrap sandboxes on btrfs volumes: each child shows a snapshot of the
     parent's subvolume at its places (BwrapSandbox.take_snapshot_of: ~2 ms, whatever the
     parent holds), then gets the parent's shell state. The host copies no file and reads
-    none. None (nothing done) when the parent holds something in a writable place outside
-    its volume (a POSIX message queue): then the fork goes by pipes, which carries it."""
+    none. None (nothing done) when the parent holds something in a writable place a fork
+    carries outside its volume (/dev/shm or /var/tmp, where an image makes them writable):
+    then the fork goes by pipes, which carries it."""
     look, _ = parent._helper_call({"op": "fork_look", "places": list(parent._place_paths())})
     held = look.get("held")
     if not look.get("ok") or not isinstance(held, list):
