@@ -197,3 +197,21 @@ def test_a_root_that_is_not_btrfs_is_one_sentence(sandbox_rootfs: str, tmp_path:
             open_sandbox(SandboxConfig(backend="bwrap"))
     finally:
         sandbox_settings.configure(previous)
+
+
+def test_a_parent_holding_files_outside_its_volume_forks_by_pipes(
+    volumes_config: Callable[..., SandboxConfig],
+) -> None:
+    """An image could make /dev/shm or /var/tmp writable: a snapshot would not carry what
+    they hold, so the fork goes by pipes. Played here by the home counting as outside."""
+    with _open(volumes_config("fork-outside")) as parent:
+        parent.exec("echo outside > ~/o; echo inside > /testbed/i")
+        parent._place_paths = lambda: ("/tmp", "/testbed")  # the home: "outside" the volume
+        (child,) = parent.fork(1)
+        with child:
+            assert child.fork_info is not None and child.fork_info.method == "pipes"
+            assert child.exec("cat ~/o /testbed/i").stdout == "outside\ninside\n"
+        parent.exec("rm ~/o")
+        (child,) = parent.fork(1)
+        with child:
+            assert child.fork_info is not None and child.fork_info.method == "snapshot"
