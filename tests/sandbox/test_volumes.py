@@ -17,6 +17,7 @@ from sandbox import settings as sandbox_settings
 from tests.sandbox.conftest import config_maker
 from tests.sandbox.test_fork import SHAPE
 from tests.sandbox.test_pool_reset import PROBES
+from tests.sandbox.test_pool_reset import _observe as observe_every_probe
 
 pytestmark = pytest.mark.bwrap
 
@@ -111,7 +112,7 @@ def test_a_child_on_volumes_reset_after_its_fork_equals_a_fresh_sandbox(
     from tests.sandbox.test_pool_reset import DIRTY
 
     with _open(volumes_config("fork-fresh-probe")) as fresh:
-        expected = _observe_all(fresh)
+        expected = observe_every_probe(fresh)
     with _open(volumes_config("fork-reset-parent")) as parent, _open(
         volumes_config("fork-reset-child")
     ) as child:
@@ -119,19 +120,11 @@ def test_a_child_on_volumes_reset_after_its_fork_equals_a_fresh_sandbox(
         parent.fork(1, children=[child])
         assert child.exec(DIRTY, timeout=60).exit_code == 0
         assert child.reset() == []
-        after = _observe_all(child)
+        after = observe_every_probe(child)
         # but df: the places' filesystem is shared by every sandbox on the volumes, so its
         # free space moves with all of them (docs/sandbox.md, "Copy-on-write")
         differ = [p for p in PROBES if after[p] != expected[p] and p != "writable_places_space"]
         assert differ == [], "\n".join(f"{p}:\n{after[p]}\n--- fresh:\n{expected[p]}" for p in differ)
-
-
-def _observe_all(sb: Any) -> dict[str, str]:
-    out = {}
-    for name, cmd in PROBES.items():
-        r = sb.exec(cmd, timeout=30)
-        out[name] = f"{r.exit_code}\n{r.stdout}\n{r.stderr}"
-    return out
 
 
 _VOLUMES_OWNER = """
