@@ -9,6 +9,10 @@
 #                      (docs/pipeline.md). Never by default.
 #          --ray  also install the optional extra `ray` (prefect-ray: --task-runner ray;
 #                 ~315 MB). Never by default.
+#          --volumes  (root) also make a btrfs filesystem for bwrap sandboxes' places at
+#                     /var/lib/sandflow/volumes (in a sparse file on /dev/shm, 16 GB at
+#                     most): forks become snapshots (docs/sandbox.md, "Copy-on-write
+#                     places"). Use it with SANDFLOW_BWRAP_VOLUMES=/var/lib/sandflow/volumes.
 #
 # Steps that can overlap do: the image's debootstrap (system Python, stdlib only) and
 # the llama-cpp-python compile run in the background while pip installs the rest, and
@@ -18,13 +22,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-WITH_TEST=0; WITH_ENGINE=1; WITH_POSTGRES=0; WITH_RAY=0
+WITH_TEST=0; WITH_ENGINE=1; WITH_POSTGRES=0; WITH_RAY=0; WITH_VOLUMES=0
 for a in "$@"; do
   case "$a" in
     --test) WITH_TEST=1 ;;
     --no-engine) WITH_ENGINE=0 ;;
     --postgres) WITH_POSTGRES=1 ;;
     --ray) WITH_RAY=1 ;;
+    --volumes) WITH_VOLUMES=1 ;;
     *) echo "setup.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -94,6 +99,8 @@ PKGS=(bubblewrap slirp4netns debootstrap squid)  # squid: the egress proxy (netw
 PKGS+=(ulogd2 ulogd2-json)  # the egress firewall's refusals, recorded (sandbox/egress_firewall.py)
 PKGS+=(python3.11-doc)  # datasets: Python docs as long-context documents
 PKGS+=(libseccomp2)  # the bwrap sandbox's syscall filter, compiled by it (sandbox/seccomp.py)
+# mkfs.btrfs: bwrap's copy-on-write volumes (sandbox/volumes.py; the tests make their own)
+if [ $WITH_TEST = 1 ] || [ $WITH_VOLUMES = 1 ]; then PKGS+=(btrfs-progs); fi
 [ $WITH_ENGINE = 1 ] && PKGS+=(iproute2)  # `ip`: scripts/engine2.sh's bridge (the two-engine tests)
 if [ $WITH_ENGINE = 1 ] && ! command -v dockerd >/dev/null 2>&1 && ! timeout 10 docker info >/dev/null 2>&1; then
   PKGS+=(docker.io)
@@ -212,5 +219,11 @@ if [ $WITH_POSTGRES = 1 ]; then
   t=$(date +%s)
   bash scripts/postgres.sh start
   say "postgresql: started in $(since "$t") (stop and remove: bash scripts/postgres.sh stop)"
+fi
+if [ $WITH_VOLUMES = 1 ]; then
+  is_root || die "--volumes needs root (a loop-mounted btrfs)"
+  mkdir -p /var/lib/sandflow
+  python -m sandbox.volumes /dev/shm/sandflow-volumes.img /var/lib/sandflow/volumes 16
+  say "bwrap volumes: export SANDFLOW_BWRAP_VOLUMES=/var/lib/sandflow/volumes to use them"
 fi
 say "ready in $(since "$T0"): $(sandflow --version 2>/dev/null || echo sandflow)"
