@@ -330,7 +330,7 @@ class BwrapSandbox(HelperSandbox):
         if self.volume != self.id:
             self._stale_volumes.append(self.volume)
         self.volume = name
-        self._stale_volumes = [v for v in self._stale_volumes if not self.volumes.delete(v)]
+        self._drop_stale_volumes()
 
     def reset(self) -> list[str]:
         """The pool's reset; a child shown a snapshot gets its own (empty) subvolume back
@@ -342,9 +342,13 @@ class BwrapSandbox(HelperSandbox):
             self._stale_volumes.append(self.volume)
             self.volume = self.id
         failed = super().reset()
+        self._drop_stale_volumes()
+        return failed
+
+    def _drop_stale_volumes(self) -> None:
+        """Delete the snapshots this sandbox no longer shows (kept while still held)."""
         if self.volumes is not None:
             self._stale_volumes = [v for v in self._stale_volumes if not self.volumes.delete(v)]
-        return failed
 
     def _environment(self) -> dict[str, str]:
         from sandbox.image import image_env
@@ -476,18 +480,10 @@ class BwrapSandbox(HelperSandbox):
             self.ctl.close()
         if self.cgroups is not None:
             self.cgroups.remove()
-        if self.volumes is not None and self.volume and not self._remove_volumes():
+        if self.volumes is not None and self.volume and not self.volumes.remove_box(self.id, 1.0):
             return  # the state file stays: gc removes what is left (sandbox/gc.py)
         if self.state_file is not None:
             self.state_file.unlink(missing_ok=True)
-
-    def _remove_volumes(self) -> bool:
-        assert self.volumes is not None
-        for _ in range(50):  # the sandbox's last processes let go of its mounts
-            if self.volumes.remove_box(self.id):
-                return True
-            time.sleep(0.02)
-        return False
 
     def _check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:

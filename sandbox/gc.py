@@ -176,22 +176,16 @@ def remove_bwrap(info: SandboxInfo) -> bool:
     return True
 
 
-def _remove_volumes(root: str, sandbox_id: str, within_s: float = 5.0) -> bool:
+def _remove_volumes(root: str, sandbox_id: str) -> bool:
     """A dead bwrap sandbox's subvolumes and mounts (sandbox/volumes.py)."""
     from sandbox import volumes
 
-    deadline = time.monotonic() + within_s
     try:
-        store = volumes.for_root(Path(root))
-        while not store.remove_box(sandbox_id):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
+        return volumes.for_root(Path(root)).remove_box(sandbox_id, within_s=5.0)
     except volumes.VolumesUnavailable:
         return True  # no btrfs mounted there any more: nothing of it is left
     except (OSError, ValueError):
         return False
-    return True
 
 
 def _remove_cgroup(cgdir: Path, within_s: float = 5.0) -> bool:

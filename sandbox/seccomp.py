@@ -11,8 +11,9 @@ The policy mirrors Docker's default profile for a container without CAP_SYS_ADMI
 have none): an allowlist, every other syscall fails with EPERM (so a syscall this list does
 not know, on a newer kernel, is refused too); `clone` only without namespace flags,
 `clone3` fails with ENOSYS (libc then falls back to `clone`, whose flags a filter can
-see), `socket` anything but AF_VSOCK, `ioctl` anything but btrfs's (EOPNOTSUPP), `personality` only the harmless personas. Only the
-native architecture's syscalls pass: a 32-bit syscall from a 64-bit process kills it.
+see), `socket` anything but AF_VSOCK, `ioctl` anything but btrfs's (EOPNOTSUPP),
+`personality` only the harmless personas. Only the native architecture's syscalls pass: a
+32-bit syscall from a 64-bit process kills it.
 
 libseccomp compiles the program (through `pyseccomp`, a ctypes binding of the system's
 libseccomp2); bubblewrap loads it with `--seccomp FD` just before it runs the helper, so

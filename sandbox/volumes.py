@@ -38,6 +38,7 @@ import struct
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -257,15 +258,17 @@ class Volumes:
         except OSError:
             return False
 
-    def remove_box(self, box_id: str) -> bool:
-        """Everything of one box (its sandbox is gone): the mounts, then its subvolumes."""
-        self.unmount(box_id)
-        return all([self.delete(n) for n in self.names(box_id)])
-
-    def usage(self) -> dict[str, int]:
-        """The filesystem's size and free bytes (for `sandflow doctor`-like reports)."""
-        st = os.statvfs(self.root)
-        return {"size": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
+    def remove_box(self, box_id: str, within_s: float = 0.0) -> bool:
+        """Everything of one box (its sandbox is gone): the mounts, then its subvolumes.
+        Tried again for `within_s` while a dying sandbox's last processes still hold them."""
+        deadline = time.monotonic() + within_s
+        while True:
+            self.unmount(box_id)
+            if all([self.delete(n) for n in self.names(box_id)]):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
 
 
 _lock = threading.Lock()
