@@ -325,7 +325,9 @@ def compact_after_run(root: str, run_id: str) -> dict[str, Any]:
 
 def check_image(backend: str, image: str | None) -> str | None:
     """Fail before fanning out when the engine or the sandbox image is missing (one sentence)."""
-    if backend != "docker":
+    from sandbox.backends import capabilities
+
+    if not capabilities(backend).image:
         return image
     from sandbox.base import SandboxError
     from sandbox.engine import docker_client, ensure_image
@@ -341,7 +343,9 @@ def check_image(backend: str, image: str | None) -> str | None:
 
 def _image_id(backend: str, tag: str | None) -> str | None:
     """The engine's id of the sandbox image (lineage: a rebuilt image under one tag)."""
-    if backend != "docker" or not tag:
+    from sandbox.backends import capabilities
+
+    if not tag or not capabilities(backend).image:
         return None
     try:
         from sandbox.engine import docker_client

@@ -48,16 +48,10 @@ def open_sandbox(config: SandboxConfig | None = None) -> Sandbox:
     it as a context manager); live sandboxes are also removed at interpreter exit and on
     SIGINT/SIGTERM. Raises SandboxError when the engine, image or rootfs is missing.
     """
+    from sandbox.backends import get_backend
+
     config = config or SandboxConfig()
-    if config.backend == "docker":
-        from sandbox.docker_backend import DockerSandbox
-
-        return DockerSandbox(config)
-    if config.backend == "bwrap":
-        from sandbox.bwrap_backend import BwrapSandbox
-
-        return BwrapSandbox(config)
-    raise ValueError(f"unknown sandbox backend {config.backend!r}: use 'docker' or 'bwrap'")
+    return get_backend(config.backend).open(config)
 
 
 POOLED_NETWORKS = ("none", "bridge")

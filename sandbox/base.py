@@ -12,13 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 if TYPE_CHECKING:
     from sandbox.archive import ExportedFiles  # a list[Path] with .skipped and .summary
+    from sandbox.backends import Capabilities
+    from sandbox.usage import ResourceUsage
 
 NetworkPolicy = Literal["none", "bridge", "host", "allowlist", "open"]
-BackendName = Literal["docker", "bwrap"]
+BackendName = str  # a name registered in sandbox/backends.py ("docker", "bwrap", ...)
 
 
 class ExecResult(BaseModel):
@@ -119,6 +121,14 @@ class SandboxConfig(BaseModel):
         100, ge=1, description="a pooled sandbox is replaced after this"
     )
 
+    @field_validator("backend")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from sandbox.backends import get_backend
+
+        get_backend(name)  # ValueError naming the registered ones
+        return name
+
 
 class SandboxError(RuntimeError):
     """The infrastructure failed (engine gone, container died): retry, don't grade."""
@@ -140,6 +150,10 @@ class Sandbox(Protocol):
     """A running virtual computer with a persistent shell session."""
 
     config: SandboxConfig
+    backend: str
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     def exec(self, command: str, timeout: float | None = None) -> ExecResult: ...
 
@@ -150,6 +164,14 @@ class Sandbox(Protocol):
     def copy_in(self, host_dir: Path | str, dest: str) -> None: ...
 
     def copy_out(self, src: str, host_dir: Path | str) -> ExportedFiles: ...
+
+    def fork(self, n: int = 1, *, children: list[Any] | None = None) -> list[Any]:
+        """n children with this sandbox's files and shell state (`capabilities.fork`)."""
+        ...
+
+    def resource_usage(self) -> ResourceUsage:
+        """CPU and peak memory since the episode began (real when `capabilities.usage`)."""
+        ...
 
     def close(self) -> None: ...
 

@@ -37,6 +37,7 @@ import socket
 import stat
 import tempfile
 
+from sandbox.procs import pid_alive
 from sandbox.protocol import recv_some
 
 MOUNT = "/.sandflow-bulk"  # sandbox/_helper.py BULK_DIR
@@ -188,11 +189,4 @@ def orphaned(base: str | None = None) -> list[str]:
     return sorted(found)
 
 
-def _runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: another user's process: it runs
-        return True
-    return True
+_runs = pid_alive  # EPERM (another user's process) counts as running

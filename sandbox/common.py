@@ -33,6 +33,7 @@ from sandbox.archive import (
     safe_extract,
     tree_tar,
 )
+from sandbox.backends import Capabilities, capabilities
 from sandbox.base import ExecResult, SandboxClosed, SandboxConfig, SandboxError, SandboxExpired
 from sandbox.image import SANDBOX_UID as IMAGE_UID
 from sandbox.protocol import (
@@ -120,6 +121,11 @@ class HelperSandbox(ABC):
         )
         self.start_s = 0.0
         self._usage_base: ResourceUsage | None = None  # counters when this episode began
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this sandbox's backend can do (sandbox/backends.py): ask this, not the name."""
+        return capabilities(self.backend)
 
     # ------------------------------------------------------------------ backend hooks
     @property

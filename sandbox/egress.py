@@ -40,6 +40,7 @@ from typing import Any
 from sandbox import egress_firewall, log_tail, settings
 from sandbox.base import SandboxError
 from sandbox.netpolicy import EgressPolicy, squid_rules
+from sandbox.procs import pid_file_alive, read_pid, stop_pid
 
 log = logging.getLogger("sandflow.sandbox.egress")
 
@@ -258,15 +259,6 @@ def _cache_conf(ep_dir: Path) -> list[str]:
     ]
 
 
-def _pid_alive(pid_file: Path) -> bool:
-    try:
-        pid = int(pid_file.read_text().strip())
-        os.kill(pid, 0)
-        return True
-    except (OSError, ValueError):
-        return False
-
-
 def _wait_listening(host: str, port: int, timeout: float) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -321,7 +313,7 @@ def ensure(api: Any, policy: EgressPolicy, hosts: dict[str, str] | None = None) 
         except RuntimeError as exc:
             raise SandboxError(f"network policy {policy.mode!r}: {exc}") from None
         _install_rules(bridge, gateway, PROXY_PORT)
-        if not _pid_alive(ep_dir / "squid.pid"):
+        if not pid_file_alive(ep_dir / "squid.pid"):
             start_squid(policy, ep_dir, gateway, PROXY_PORT, hosts)
     return Endpoint(name, gateway, PROXY_PORT, ep_dir)
 
@@ -437,14 +429,10 @@ def stop_squid(ep_dir: Path, drop_cache: bool = True) -> None:
     drop its download cache: a proxy is stopped by a teardown (tests, benchmarks, an
     operator's cleanup), and a policy nobody runs should not keep gigabytes on disk. A
     running proxy keeps its cache across the processes that use it."""
-    with contextlib.suppress(OSError, ValueError):
-        pid = int((ep_dir / "squid.pid").read_text().strip())
-        os.kill(pid, 15)
-        for _ in range(50):
-            os.kill(pid, 0)
-            time.sleep(0.1)
+    pid = read_pid(ep_dir / "squid.pid")
+    if pid is not None and not stop_pid(pid, timeout_s=5.0):
         return  # still running after 5 s: its cache stays
-    if drop_cache and not _pid_alive(ep_dir / "squid.pid"):
+    if drop_cache and not pid_file_alive(ep_dir / "squid.pid"):
         shutil.rmtree(ep_dir / "cache", ignore_errors=True)
 
 

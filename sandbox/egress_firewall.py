@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox import log_tail, settings
+from sandbox.procs import pid_file_alive, read_pid, stop_pid
 
 SNAP_BYTES = 128  # copied per packet: IPv4 + TCP/UDP headers, never the payload
 LOG_PER_SOURCE = "5/second"
@@ -141,12 +142,7 @@ def _conf(root: Path) -> str:
 
 
 def _alive(pid_file: Path) -> bool:
-    try:
-        pid = int(pid_file.read_text().strip())
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/comm").read_text().strip() == "ulogd"
-    except (OSError, ValueError):
-        return False
+    return pid_file_alive(pid_file, comm="ulogd")
 
 
 def ensure_logger(root: Path) -> None:
@@ -202,14 +198,9 @@ def _rotate_if_big(root: Path, pid_file: Path) -> None:
 def stop_logger(root: Path) -> None:
     """Stop the host's logging daemon (nothing else uses it)."""
     pid_file = state_dir(root) / "ulogd.pid"
-    if not _alive(pid_file):
-        return
-    with contextlib.suppress(OSError, ValueError):
-        pid = int(pid_file.read_text().strip())
-        os.kill(pid, 15)
-        for _ in range(50):
-            os.kill(pid, 0)
-            time.sleep(0.1)
+    pid = read_pid(pid_file)
+    if pid is not None and _alive(pid_file):
+        stop_pid(pid, timeout_s=5.0)
 
 
 @dataclass

@@ -45,7 +45,9 @@ def engine_of(backend: str, docker_host: str | None = None, runtime: str | None 
     (`episodes.sandbox_engine`): with several engines (Dask workers each bound to one,
     remote hosts), failures and speed are grouped by it. Known before the sandbox opens,
     so an engine that refuses is named too. A password in the address is never kept."""
-    if backend != "docker":
+    from sandbox.backends import capabilities
+
+    if not capabilities(backend).engine:
         return backend
     label = f"docker {shown_address(engine_address(docker_host))}"
     return f"{label} runtime={runtime}" if runtime else label

@@ -125,7 +125,7 @@ def fork_sandbox(
     try:
         if children is None:
             open_one = opener or (lambda: type(parent)(parent.config))
-            if parent.backend == "docker":
+            if parent.capabilities.parallel_open:
                 children = _parallel([open_one] * n)
             else:  # bwrap's --die-with-parent is the *thread* that started it: start here
                 children = []

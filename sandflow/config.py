@@ -72,6 +72,14 @@ class Settings(HostSettings):
     judge_model: str | None = None
     judge_api_key: SecretStr | None = Field(None, exclude=True)
 
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        """A backend registered in sandbox/backends.py (flag, SANDFLOW_BACKEND, config file)."""
+        from sandbox.backends import get_backend
+
+        return get_backend(value.strip()).name
+
     @field_validator("network")
     @classmethod
     def _network_policy(cls, value: str) -> str:

@@ -431,9 +431,9 @@ class SteppedEpisode:
         failed: no child is left open, given boxes included)."""
         if not self._started or self._finished or self.done or self._sandbox is None:
             raise RuntimeError("SteppedEpisode.fork() needs a started, running episode")
-        fork = getattr(self._sandbox, "fork", None)
-        if fork is None:
-            raise SandboxError(f"a {type(self._sandbox).__name__} cannot be forked")
+        if not self._sandbox.capabilities.fork:
+            raise SandboxError(f"a {self._sandbox.backend} sandbox cannot be forked")
+        fork = self._sandbox.fork
         children = [
             SteppedEpisode(
                 self._ep.task,
@@ -633,7 +633,9 @@ def _open_sandboxes(cfgs: list[SandboxConfig]) -> list[Sandbox]:
 
     boxes: list[Sandbox] = []
     errors: list[Exception] = []
-    if len(cfgs) > 1 and all(c.backend == "docker" for c in cfgs):
+    from sandbox.backends import capabilities
+
+    if len(cfgs) > 1 and all(capabilities(c.backend).parallel_open for c in cfgs):
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(len(cfgs), thread_name_prefix="sandflow-fork-open") as pool:
@@ -1027,10 +1029,9 @@ class _Episode:
         """CPU-seconds and peak memory from the sandbox's cgroup (sandbox/usage.py), read
         before it is closed or handed back to its pool; a backend without the counters
         leaves them unknown."""
-        read = getattr(sandbox, "resource_usage", None)
-        if not callable(read):
+        if not sandbox.capabilities.usage:
             return
-        usage = read()
+        usage = sandbox.resource_usage()
         self.record.sandbox_cpu_s = getattr(usage, "cpu_s", None)
         self.record.sandbox_peak_memory_bytes = getattr(usage, "peak_memory_bytes", None)
 

@@ -57,3 +57,52 @@ def test_the_engine_is_under_every_entry_point_and_above_the_episode() -> None:
     assert layers.index("rl | datagen | interop") < layers.index("engine") < layers.index("analysis")
     no_prefect = next(c for c in config["contracts"] if "prefect" in c.get("forbidden_modules", []))
     assert "engine" in no_prefect["source_modules"]
+
+
+def _library_sources() -> list[Path]:
+    """Every shipped module outside sandbox/ (the backends' own home)."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return sorted(
+        path
+        for pkg in config["root_packages"]
+        if pkg != "sandbox"
+        for path in (REPO / pkg).rglob("*.py")
+    )
+
+
+def _names_a_backend(node: object) -> bool:
+    import ast
+
+    if isinstance(node, ast.Attribute):
+        return "backend" in node.attr
+    if isinstance(node, ast.Name):
+        return "backend" in node.id
+    if isinstance(node, ast.Call):  # getattr(x, "backend", None)
+        return any(_names_a_backend(a) or (isinstance(a, ast.Constant) and a.value == "backend") for a in node.args)
+    return False
+
+
+def test_no_backend_name_is_compared_outside_sandbox() -> None:
+    """Callers ask a backend what it can do (sandbox/backends.py: `capabilities(name)`,
+    `sb.capabilities`), never which one it is: a new backend is one module and one
+    registration, with no `if backend == "docker"` to hunt down elsewhere (issue #38)."""
+    import ast
+
+    from sandbox.backends import backend_names
+
+    names = set(backend_names())
+    found = []
+    for path in _library_sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            consts: set[object] = set()
+            for side in sides:
+                if isinstance(side, ast.Constant):
+                    consts.add(side.value)
+                elif isinstance(side, ast.Tuple | ast.List | ast.Set):
+                    consts |= {e.value for e in side.elts if isinstance(e, ast.Constant)}
+            if consts & names and any(_names_a_backend(s) for s in sides):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, f"a backend's name compared outside sandbox/ (ask capabilities): {found}"

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sandbox.procs import pid_alive
 from warehouse.layout import Layout
 from warehouse.tempfiles import try_flock
 
@@ -65,14 +66,7 @@ class Holder:
         return f"{where}, started {self.started}" + (f": {self.command}" if self.command else "")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+_alive = pid_alive
 
 
 def read_holder(path: Path) -> Holder | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import typer
 
+from sandbox.backends import backend_names
 from sandflow.commands.network_option import network_option
 from sandflow.errors import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_USAGE, fail
 from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
@@ -25,9 +26,8 @@ class ModeChoice(StrEnum):
     llm = "llm"
 
 
-class BackendChoice(StrEnum):
-    docker = "docker"
-    bwrap = "bwrap"
+# The registered sandbox backends (sandbox/backends.py), as typer's choices.
+BackendChoice = StrEnum("BackendChoice", {name: name for name in backend_names()})  # type: ignore[misc]
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:

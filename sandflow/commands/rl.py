@@ -107,8 +107,6 @@ def serve(
         warehouse=warehouse, backend=backend, durability=durability_value(durability),
         **({"prices": table} if table is not None else {}),
     )
-    if settings.backend not in ("docker", "bwrap"):
-        raise fail(f"--backend {settings.backend!r}: use docker or bwrap", EXIT_USAGE, label="Error")
     # The episodes' sandbox and limits, built the one way every command builds them.
     spec = RunSpec(
         backend=settings.backend,

@@ -224,8 +224,8 @@ def sandbox_exec(
     commands: list[str] = typer.Argument(
         ..., help="Shell commands, run one after another in one session."
     ),
-    backend: str = typer.Option(
-        "docker", "--backend", "-b", envvar="SANDFLOW_BACKEND", help=BACKEND_HELP
+    backend: str | None = typer.Option(
+        None, "--backend", "-b", help=BACKEND_HELP + " Unset: SANDFLOW_BACKEND, then sandflow.toml's backend."
     ),
     network: str | None = network_option(envvar="SANDFLOW_NETWORK"),
     timeout: float = typer.Option(60.0, "--timeout", help="Per-command timeout in seconds."),
@@ -242,11 +242,13 @@ def sandbox_exec(
     from rich.text import Text
 
     from sandbox import SandboxConfig, SandboxError, SandboxLimits, open_sandbox
+    from sandflow.config import load_settings
 
     console = stdout_console()
+    settings = load_settings(backend=backend)  # flag > SANDFLOW_BACKEND > sandflow.toml
     try:
         config = SandboxConfig(
-            backend=backend,
+            backend=settings.backend,
             run_id="cli",
             episode_id="exec",
             docker_host=docker_host,

@@ -277,188 +277,189 @@ def _interactive(q: WarehouseQuery, console: Console, limit: int, width: int | N
         _warn_bad(q, q.quarantine, seen)
 
 
-def register(app: typer.Typer) -> None:
-    """Add this room's commands to the main app."""
+def sql(
+    query: str | None = typer.Argument(
+        None, help="SQL to run. Omit it to list the views (and get a prompt on a terminal)."
+    ),
+    warehouse: Path | None = typer.Option(
+        None,
+        "--warehouse",
+        "-w",
+        help="Warehouse root. Default: SANDFLOW_WAREHOUSE, sandflow.toml, ./warehouse_data.",
+    ),
+    run: str | None = typer.Option(None, "--run", "-r", help="Only this run's files (faster)."),
+    fmt: str = typer.Option(
+        "table", "--format", "-f", help="table (terminal), csv, json or parquet."
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Write the result here (required for parquet)."
+    ),
+    limit: int = typer.Option(50, "--limit", "-n", min=1, help="Rows shown in table format."),
+    max_width: int | None = typer.Option(
+        None,
+        "--max-width",
+        min=8,
+        help="Cut cells longer than this. Default: 60 on a terminal; not cut when the "
+        "output is not a terminal (a pipe or file gets every id and path whole).",
+    ),
+    quarantine: bool = typer.Option(
+        False, "--quarantine", help="Move bad files to <warehouse>/_quarantine/."
+    ),
+    allow_host_files: bool = typer.Option(
+        False,
+        "--allow-host-files",
+        help="Give the SQL DuckDB's full access to your files: COPY ... TO, reading "
+        "other files, ATTACH, extensions. Off by default: the SQL only reads the warehouse.",
+    ),
+    prices: str | None = typer.Option(
+        None,
+        "--prices",
+        help="Price table (JSON file or text) the cost views use before each run's "
+        "recorded one, e.g. to price a run recorded without one. docs/cost.md.",
+    ),
+) -> None:
+    from warehouse.query import WarehouseQueryError
 
-    @app.command("sql", help=SQL_HELP, rich_help_panel="Results")
-    def sql(
-        query: str | None = typer.Argument(
-            None, help="SQL to run. Omit it to list the views (and get a prompt on a terminal)."
-        ),
-        warehouse: Path | None = typer.Option(
-            None,
-            "--warehouse",
-            "-w",
-            help="Warehouse root. Default: SANDFLOW_WAREHOUSE, sandflow.toml, ./warehouse_data.",
-        ),
-        run: str | None = typer.Option(None, "--run", "-r", help="Only this run's files (faster)."),
-        fmt: str = typer.Option(
-            "table", "--format", "-f", help="table (terminal), csv, json or parquet."
-        ),
-        output: Path | None = typer.Option(
-            None, "--output", "-o", help="Write the result here (required for parquet)."
-        ),
-        limit: int = typer.Option(50, "--limit", "-n", min=1, help="Rows shown in table format."),
-        max_width: int | None = typer.Option(
-            None,
-            "--max-width",
-            min=8,
-            help="Cut cells longer than this. Default: 60 on a terminal; not cut when the "
-            "output is not a terminal (a pipe or file gets every id and path whole).",
-        ),
-        quarantine: bool = typer.Option(
-            False, "--quarantine", help="Move bad files to <warehouse>/_quarantine/."
-        ),
-        allow_host_files: bool = typer.Option(
-            False,
-            "--allow-host-files",
-            help="Give the SQL DuckDB's full access to your files: COPY ... TO, reading "
-            "other files, ATTACH, extensions. Off by default: the SQL only reads the warehouse.",
-        ),
-        prices: str | None = typer.Option(
-            None,
-            "--prices",
-            help="Price table (JSON file or text) the cost views use before each run's "
-            "recorded one, e.g. to price a run recorded without one. docs/cost.md.",
-        ),
-    ) -> None:
-        from warehouse.query import WarehouseQueryError
-
-        err = _err_console()
-        if fmt not in FORMATS:
-            raise fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}", EXIT_USAGE)
-        if fmt == "parquet" and output is None:
-            raise fail("--format parquet needs --output FILE", EXIT_USAGE)
-        if fmt == "table" and output is not None:
-            raise fail("--output needs --format csv, json or parquet", EXIT_USAGE)
-        root = _resolve_root(warehouse)
-        console = stdout_console()
-        width = cell_width(console, max_width, 60)
-        session_prices = _session_prices(prices)
-        with _open(root, run, quarantine, allow_host_files, prices=session_prices) as q:
-            seen = {b.path for b in q.snapshot.bad}
-            try:
-                if query is None:
-                    print_views(q, console)
-                    if sys.stdin.isatty():
-                        _interactive(q, console, limit, width)
-                    return
-                if fmt == "table":
-                    _print_result(q, query, limit, width, console)
-                else:
-                    n = export(q, query, fmt, output)
-                    if output is not None:
-                        err.print(f"wrote {n} rows to {output} ({fmt})")
-            except WarehouseQueryError as exc:
-                _warn_bad(q, quarantine, seen)
-                raise fail(str(exc), EXIT_FAILED) from None
-            _warn_bad(q, quarantine, seen)
-
-    wh_app = typer.Typer(
-        name="warehouse",
-        help="Maintain the warehouse: compact runs, find and recover interrupted episodes, check files.",
-        no_args_is_help=True,
-    )
-    app.add_typer(wh_app, rich_help_panel="Results")
-
-    root_opt = typer.Option(
-        None, "--warehouse", "-w", help="Warehouse root (default as for `sql`)."
-    )
-
-    @wh_app.command("compact")
-    def compact(
-        run: str = typer.Argument(..., help="Run id to compact."),
-        warehouse: Path | None = root_opt,
-    ) -> None:
-        """Merge a run's per-episode files into one file per table (safe while writing)."""
-        from warehouse.store import Warehouse
-
-        wh = Warehouse(_resolve_root(warehouse))
+    err = _err_console()
+    if fmt not in FORMATS:
+        raise fail(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}", EXIT_USAGE)
+    if fmt == "parquet" and output is None:
+        raise fail("--format parquet needs --output FILE", EXIT_USAGE)
+    if fmt == "table" and output is not None:
+        raise fail("--output needs --format csv, json or parquet", EXIT_USAGE)
+    root = _resolve_root(warehouse)
+    console = stdout_console()
+    width = cell_width(console, max_width, 60)
+    session_prices = _session_prices(prices)
+    with _open(root, run, quarantine, allow_host_files, prices=session_prices) as q:
+        seen = {b.path for b in q.snapshot.bad}
         try:
-            with err_console().status(f"compacting {run} ..."):
-                res = wh.compact(run)
-        except ValueError as exc:
+            if query is None:
+                print_views(q, console)
+                if sys.stdin.isatty():
+                    _interactive(q, console, limit, width)
+                return
+            if fmt == "table":
+                _print_result(q, query, limit, width, console)
+            else:
+                n = export(q, query, fmt, output)
+                if output is not None:
+                    err.print(f"wrote {n} rows to {output} ({fmt})")
+        except WarehouseQueryError as exc:
+            _warn_bad(q, quarantine, seen)
             raise fail(str(exc), EXIT_FAILED) from None
-        console = stdout_console()
-        if not res.changed:
-            console.print(f"{run}: nothing to compact")
-        for t, n in res.files_before.items():
-            console.print(f"{t}: {n} file(s) -> 1 ({res.rows_after.get(t, 0)} rows)")
-        for b in res.skipped_bad:
-            _err_console().print(f"[yellow]skipped bad file[/yellow] {b}")
+        _warn_bad(q, quarantine, seen)
 
-    @wh_app.command("orphans")
-    def orphans(
-        run: str | None = typer.Argument(None, help="Run id (default: all runs)."),
-        warehouse: Path | None = root_opt,
-        recover: bool = typer.Option(
-            False,
-            "--recover",
-            help="Commit them as termination='interrupted' (resume re-runs them).",
-        ),
-        discard: bool = typer.Option(False, "--discard", help="Delete their journals."),
-    ) -> None:
-        """List episodes whose writer died mid-way (journals nobody holds); recover or discard."""
-        from rich.table import Table
+wh_app = typer.Typer(
+    name="warehouse",
+    help="Maintain the warehouse: compact runs, find and recover interrupted episodes, check files.",
+    no_args_is_help=True,
+)
 
-        from warehouse.store import Warehouse
+ROOT_OPT = typer.Option(
+    None, "--warehouse", "-w", help="Warehouse root (default as for `sql`)."
+)
 
-        if recover and discard:
-            raise fail("choose one of --recover / --discard", EXIT_USAGE)
-        wh = Warehouse(_resolve_root(warehouse))
-        found = wh.orphans(run)
-        console = stdout_console()
-        table = Table(title=f"{len(found)} orphaned episode(s)")
-        for c in ("run", "episode", "task", "mode", "sample", "turns", "problems"):
-            table.add_column(c)
-        for o in found:
-            table.add_row(
-                o.run_id, o.episode_id, str(o.task_id), str(o.mode), str(o.sample_index),
-                str(o.turns), "; ".join(o.problems)[:80],
-            )  # fmt: skip
-        console.print(table)
-        if recover or discard:
-            done = wh.recover(run, action="recover" if recover else "discard")
-            console.print(f"{'recovered' if recover else 'discarded'} {len(done)} episode(s)")
+@wh_app.command("compact")
+def compact(
+    run: str = typer.Argument(..., help="Run id to compact."),
+    warehouse: Path | None = ROOT_OPT,
+) -> None:
+    """Merge a run's per-episode files into one file per table (safe while writing)."""
+    from warehouse.store import Warehouse
 
-    @wh_app.command("check")
-    def check(
-        warehouse: Path | None = root_opt,
-        run: str | None = typer.Option(None, "--run", "-r"),
-        quarantine: bool = typer.Option(False, "--quarantine", help="Move bad files aside."),
-        quick: bool = typer.Option(
-            False,
-            "--quick",
-            help="Check headers and footers only (fast); by default every data page of "
-            "every file is read and its checksum verified.",
-        ),
-    ) -> None:
-        """Validate every file: magic bytes, footer, schema, and (unless --quick) every data
-        page of every column. Lists bad files by name; exit code 1 if there are any."""
-        from warehouse.badfiles import settle
-        from warehouse.validate import quarantine as move_aside
-        from warehouse.validate import verify_files
+    wh = Warehouse(_resolve_root(warehouse))
+    try:
+        with err_console().status(f"compacting {run} ..."):
+            res = wh.compact(run)
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_FAILED) from None
+    console = stdout_console()
+    if not res.changed:
+        console.print(f"{run}: nothing to compact")
+    for t, n in res.files_before.items():
+        console.print(f"{t}: {n} file(s) -> 1 ({res.rows_after.get(t, 0)} rows)")
+    for b in res.skipped_bad:
+        _err_console().print(f"[yellow]skipped bad file[/yellow] {b}")
 
-        root = _resolve_root(warehouse)
-        err = _err_console()
-        # the files themselves, not digests; every page read: files once found bad are
-        # judged again (a passing I/O fault is forgotten), except with --quick
-        with _open(root, run, quarantine, digests=False, known_bad=quick) as q:
-            good = {t: [f.path for f in fs] for t, fs in q.snapshot.files.items()}
-            n = sum(len(v) for v in good.values())
-            corrupt = []
-            if not quick and n:
-                with err_console().status(f"reading every page of {n} file(s) ..."):
-                    for table, paths in good.items():
-                        corrupt += verify_files(paths, table)
-                settle(q.layout.root, [p for ps in good.values() for p in ps], corrupt)
-            for b in corrupt:
-                err.print(f"  [yellow]{b.path}[/yellow]: {b.reason}")
-                if quarantine:
-                    dest = move_aside(b, q.layout.root)
-                    err.print(f"    moved to {dest}")
-            bad = len(q.snapshot.bad) + len(corrupt)
-            depth = "headers and footers" if quick else "every page read"
-            stdout_console().print(f"{n - len(corrupt)} good file(s), {bad} bad ({depth})")
-            if bad:
-                raise typer.Exit(EXIT_FAILED)
+@wh_app.command("orphans")
+def orphans(
+    run: str | None = typer.Argument(None, help="Run id (default: all runs)."),
+    warehouse: Path | None = ROOT_OPT,
+    recover: bool = typer.Option(
+        False,
+        "--recover",
+        help="Commit them as termination='interrupted' (resume re-runs them).",
+    ),
+    discard: bool = typer.Option(False, "--discard", help="Delete their journals."),
+) -> None:
+    """List episodes whose writer died mid-way (journals nobody holds); recover or discard."""
+    from rich.table import Table
+
+    from warehouse.store import Warehouse
+
+    if recover and discard:
+        raise fail("choose one of --recover / --discard", EXIT_USAGE)
+    wh = Warehouse(_resolve_root(warehouse))
+    found = wh.orphans(run)
+    console = stdout_console()
+    table = Table(title=f"{len(found)} orphaned episode(s)")
+    for c in ("run", "episode", "task", "mode", "sample", "turns", "problems"):
+        table.add_column(c)
+    for o in found:
+        table.add_row(
+            o.run_id, o.episode_id, str(o.task_id), str(o.mode), str(o.sample_index),
+            str(o.turns), "; ".join(o.problems)[:80],
+        )  # fmt: skip
+    console.print(table)
+    if recover or discard:
+        done = wh.recover(run, action="recover" if recover else "discard")
+        console.print(f"{'recovered' if recover else 'discarded'} {len(done)} episode(s)")
+
+@wh_app.command("check")
+def check(
+    warehouse: Path | None = ROOT_OPT,
+    run: str | None = typer.Option(None, "--run", "-r"),
+    quarantine: bool = typer.Option(False, "--quarantine", help="Move bad files aside."),
+    quick: bool = typer.Option(
+        False,
+        "--quick",
+        help="Check headers and footers only (fast); by default every data page of "
+        "every file is read and its checksum verified.",
+    ),
+) -> None:
+    """Validate every file: magic bytes, footer, schema, and (unless --quick) every data
+    page of every column. Lists bad files by name; exit code 1 if there are any."""
+    from warehouse.badfiles import settle
+    from warehouse.validate import quarantine as move_aside
+    from warehouse.validate import verify_files
+
+    root = _resolve_root(warehouse)
+    err = _err_console()
+    # the files themselves, not digests; every page read: files once found bad are
+    # judged again (a passing I/O fault is forgotten), except with --quick
+    with _open(root, run, quarantine, digests=False, known_bad=quick) as q:
+        good = {t: [f.path for f in fs] for t, fs in q.snapshot.files.items()}
+        n = sum(len(v) for v in good.values())
+        corrupt = []
+        if not quick and n:
+            with err_console().status(f"reading every page of {n} file(s) ..."):
+                for table, paths in good.items():
+                    corrupt += verify_files(paths, table)
+            settle(q.layout.root, [p for ps in good.values() for p in ps], corrupt)
+        for b in corrupt:
+            err.print(f"  [yellow]{b.path}[/yellow]: {b.reason}")
+            if quarantine:
+                dest = move_aside(b, q.layout.root)
+                err.print(f"    moved to {dest}")
+        bad = len(q.snapshot.bad) + len(corrupt)
+        depth = "headers and footers" if quick else "every page read"
+        stdout_console().print(f"{n - len(corrupt)} good file(s), {bad} bad ({depth})")
+        if bad:
+            raise typer.Exit(EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this room's commands to the main app: `sql` and the `warehouse` group."""
+    app.command("sql", help=SQL_HELP, rich_help_panel="Results")(sql)
+    app.add_typer(wh_app, rich_help_panel="Results")
