@@ -106,3 +106,24 @@ def test_no_backend_name_is_compared_outside_sandbox() -> None:
             if consts & names and any(_names_a_backend(s) for s in sides):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not found, f"a backend's name compared outside sandbox/ (ask capabilities): {found}"
+
+
+MAX_FUNCTION_LINES = 120
+
+
+def test_no_function_is_longer_than_a_screenful_or_two() -> None:
+    """A function over 120 lines (outside benchmarks/ and the in-sandbox helper, which
+    stays one stdlib-only file) is split before it lands: the loop in one sitting, a CLI
+    command as parse -> one library call -> print (issue #38)."""
+    import ast
+
+    long = []
+    for path in _library_sources() + sorted((REPO / "sandbox").rglob("*.py")):
+        if path.name == "_helper.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({size} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"

@@ -120,233 +120,286 @@ def _pretty_args(raw: str) -> str:
     return json.dumps(args, indent=2, ensure_ascii=False)
 
 
+def run(
+    query: str | None = typer.Option(None, "--query", "-q", help="The task, in plain words (required unless --replay)."),
+    input_dir: Path | None = typer.Option(
+        None, "--input-dir", "-i", exists=True, file_okay=False, dir_okay=True, readable=True,
+        help="Files to give the model; placed in the sandbox's input dir (/testbed/documents). "
+        "Nothing from outside the folder is read: a symlink leaving it stops the run (a symlink "
+        "to a file inside is copied as that file).",
+    ),
+    output_dir: Path = typer.Option(
+        Path("sandflow_runs"), "--output-dir", "-o",
+        help="Where the run folder goes: <output-dir>/<timestamp>/ with files/, trajectory.json, records.jsonl.",
+    ),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model name as the server serves it (env SANDFLOW_MODEL)."),
+    base_url: str | None = typer.Option(
+        None, "--base-url", "-u",
+        help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (env SANDFLOW_BASE_URL). "
+        "Unset: the embedded SmolLM2-135M starts for this run. The API key comes only from "
+        "SANDFLOW_API_KEY / OPENAI_API_KEY.",
+    ),
+    mode: ModeChoice = typer.Option(ModeChoice.sandbox, "--mode", help="sandbox: tools in a sandbox; llm: one plain call (the baseline)."),
+    domain: str = typer.Option("general", "--domain", help="Prompt set: general, math, physics, chem, biomed, long_context, instruct_follow."),
+    max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1, help="Turns before the episode ends with max_steps."),
+    temperature: float | None = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (default 0.7)."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Completion tokens per call (default 2048)."),
+    context_tokens: int | None = typer.Option(None, "--context-tokens", min=256, help="Token budget of one request (prompt + completion)."),
+    wall_clock: float = typer.Option(DEFAULT_WALL_CLOCK_S, "--wall-clock", min=1.0, help="Seconds for the whole episode."),
+    exec_timeout: float | None = typer.Option(None, "--exec-timeout", min=1.0, help="Seconds per shell command (default: the sandbox's 120)."),
+    request_timeout: float | None = typer.Option(None, "--request-timeout", min=1.0, help="Seconds per model request (default 120)."),
+    backend: BackendChoice | None = typer.Option(None, "--backend", help="Sandbox backend (default docker)."),
+    network: str | None = network_option(),
+    image: str | None = typer.Option(None, "--image", help="Sandbox image tag (default: the sandflow image)."),
+    logprobs: bool = typer.Option(False, "--logprobs", help="Request logprobs (and token ids from vLLM)."),
+    extra_body: str | None = typer.Option(
+        None, "--extra-body",
+        help='JSON object passed through to the server, e.g. \'{"top_k": 20, "chat_template_kwargs": {"enable_thinking": false}}\'.',
+    ),
+    warehouse: Path | None = typer.Option(
+        None, "--warehouse", file_okay=False,
+        help="Also record the episode in this warehouse folder (queryable with `sandflow sql`).",
+    ),
+    prompt_dir: Path | None = typer.Option(
+        None, "--prompt-dir", exists=True, file_okay=False,
+        help="A folder of prompt YAML files (general.yaml, <domain>.yaml) overriding the packaged ones.",
+    ),
+    quiet: bool = typer.Option(False, "--quiet", help="No live view; only the summary line."),
+    replay: str | None = typer.Option(
+        None, "--replay", rich_help_panel="Replay",
+        help="RUN/EPISODE of the warehouse (--warehouse, else the configured one): rebuild its "
+        "sandbox by re-running its recorded tool calls of turns < --until-turn in a fresh sandbox, "
+        "check each result against the recording, then let --model go on from its recorded "
+        "messages. Recorded there as a new episode with its parent and branch turn (docs/rl.md, \"Replay and lineage\").",
+    ),
+    until_turn: int | None = typer.Option(
+        None, "--until-turn", min=0, rich_help_panel="Replay",
+        help="With --replay: the turn the new model starts at (its turns before are replayed).",
+    ),
+    replay_ignore: list[str] = typer.Option(
+        [], "--replay-ignore", rich_help_panel="Replay",
+        help="With --replay: a regex of output text that may differ (repeatable), masked on both "
+        "sides beside the built-in rule (durations, times, pids, temp names).",
+    ),
+    allow_divergence: bool = typer.Option(
+        False, "--allow-divergence", rich_help_panel="Replay",
+        help="With --replay: go on after a divergence (kept in the episode's config) instead of stopping.",
+    ),
+) -> None:
+    """Solve one task with a model in a sandbox, showing every turn live.
+
+    The model gets a fresh sandbox and three tools (execute_bash, str_replace_editor,
+    submit). Files from --input-dir are placed in /testbed/documents; the answer is read
+    from /testbed/output/answer.txt. Everything is saved to <output-dir>/<timestamp>/:
+    files/ (the sandbox's output folder), trajectory.json and records.jsonl.
+
+    Exit code: 0 the episode ran (see the summary line), 1 a --replay diverged from its
+    recording, 2 bad input, endpoint or model name, 3 the model endpoint or the sandbox
+    failed mid-episode.
+
+    Examples:
+
+      sandflow run -q "How many primes are below 10**6?" -u http://127.0.0.1:8000/v1 -m Qwen/Qwen3-4B
+
+      sandflow run -q "Which play mentions Verona most?" -i ./plays --domain long_context
+
+      sandflow run -q "What is 2**100?" --mode llm
+
+      sandflow run --replay RUN/EPISODE --until-turn 3 -m other-model --warehouse wh
+    """
+    _check_flags(query, input_dir, mode, domain, replay, until_turn, replay_ignore, allow_divergence)
+    settings, spec = _run_spec(
+        mode=mode, model=model, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
+        request_timeout=request_timeout, backend=backend, network=network, image=image,
+        logprobs=logprobs, extra=_extra_body(extra_body), max_steps=max_steps,
+        context_tokens=context_tokens, wall_clock=wall_clock, exec_timeout=exec_timeout,
+        prompt_dir=prompt_dir, domain=domain, warehouse=warehouse, replay=replay,
+    )
+    from engine.single import new_stamp
+
+    stamp = new_stamp()
+    run_dir = output_dir / stamp
+    task, plan = _task_or_replay(spec, stamp, query, domain, input_dir, replay, until_turn,
+                                 replay_ignore, allow_divergence)  # fmt: skip
+    done = _run_one(task, spec, run_dir, stamp, bool(settings.model), mode, quiet, plan)
+    rec = done.result.record
+    if done.replay is not None:
+        typer.echo(
+            f"replayed {done.replay.calls} tool call(s) of turns < {until_turn} of {replay}: "
+            f"{done.replay.total} divergence(s); parent {rec.parent_run_id}/{rec.parent_episode_id}, "
+            f"branch turn {rec.branch_turn}; warehouse {spec.warehouse}"
+        )
+    if rec.error and rec.termination != "submitted":
+        typer.secho(f"{rec.termination}: {rec.error}", err=True, fg=typer.colors.YELLOW)
+    typer.echo(done.summary())
+    if rec.is_infra_failure:
+        raise typer.Exit(EXIT_INFRA)
+
+
+def _check_flags(
+    query: str | None, input_dir: Path | None, mode: ModeChoice, domain: str, replay: str | None,
+    until_turn: int | None, replay_ignore: list[str], allow_divergence: bool,
+) -> None:
+    """The flags that go together, and a known --domain (one sentence, exit 2)."""
+    from tasks.prompts import domains
+
+    if replay is not None:
+        if query is not None or input_dir is not None or mode != ModeChoice.sandbox:
+            raise _fail("--replay takes the task from the recorded run: drop --query, --input-dir and --mode")
+        if until_turn is None:
+            raise _fail("--replay needs --until-turn K: the turn the model starts at")
+    elif until_turn is not None or replay_ignore or allow_divergence:
+        raise _fail("--until-turn, --replay-ignore and --allow-divergence go with --replay RUN/EPISODE")
+    elif query is None:
+        raise _fail("--query is required: say what the model should do (or --replay RUN/EPISODE)")
+    elif not query.strip():
+        raise _fail("--query is empty: say what the model should do")
+    if domain not in ["general", *domains()]:
+        raise _fail(f"unknown --domain {domain!r}: use one of general, {', '.join(domains())}")
+
+
+def _extra_body(extra_body: str | None) -> dict[str, Any]:
+    """--extra-body as a JSON object (one sentence when it is not)."""
+    if not extra_body:
+        return {}
+    try:
+        extra = json.loads(extra_body)
+    except json.JSONDecodeError as exc:
+        raise _fail(f"--extra-body is not valid JSON ({exc.msg} at position {exc.pos})") from None
+    if not isinstance(extra, dict):
+        raise _fail("--extra-body must be a JSON object, e.g. '{\"top_k\": 20}'")
+    return extra
+
+
+def _run_spec(
+    *, mode: ModeChoice, model: str | None, base_url: str | None, temperature: float | None,
+    max_tokens: int | None, request_timeout: float | None, backend: BackendChoice | None,
+    network: str | None, image: str | None, logprobs: bool, extra: dict[str, Any],
+    max_steps: int, context_tokens: int | None, wall_clock: float, exec_timeout: float | None,
+    prompt_dir: Path | None, domain: str, warehouse: Path | None, replay: str | None,
+) -> tuple[Any, Any]:
+    """The settings and the episode's RunSpec, every value checked now (exit 2 naming it)."""
+    from pydantic import ValidationError
+
+    from sandflow.config import load_settings
+    from tasks.prompts import load_prompts
+    from tasks.spec import RunSpec
+
+    try:
+        load_prompts(domain, str(prompt_dir) if prompt_dir else None)
+        settings = load_settings(
+            model=model, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
+            request_timeout_s=request_timeout,
+            backend=backend.value if backend else None,
+            network=network, image=image,
+        )
+        spec = RunSpec(
+            task_set="adhoc", mode=mode.value, model=settings.model, base_url=settings.base_url,
+            temperature=settings.temperature, max_tokens=settings.max_tokens,
+            request_timeout_s=settings.request_timeout_s, logprobs=logprobs,
+            return_token_ids=logprobs, extra_body=extra, max_steps=max_steps,
+            context_tokens=context_tokens, wall_clock_s=wall_clock, exec_timeout_s=exec_timeout,
+            prompt_dir=str(prompt_dir) if prompt_dir else None, backend=settings.backend,
+            image=settings.image, network=settings.network,
+            sandbox_runtime=settings.sandbox_runtime,
+            warehouse=str(warehouse or (settings.warehouse if replay else "")) or None,
+        )
+        spec.to_model_config(), spec.to_limits(), spec.to_sandbox_config()  # every value checked now
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise _fail(f"invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    return settings, spec
+
+
+def _task_or_replay(
+    spec: Any, stamp: str, query: str | None, domain: str, input_dir: Path | None,
+    replay: str | None, until_turn: int | None, replay_ignore: list[str], allow_divergence: bool,
+) -> tuple[Any, Any]:
+    """The episode's task: --query's (with --input-dir's files), or the replay plan's."""
+    from datasets_prep.task import TaskValidationError
+    from engine.single import adhoc_task
+
+    try:
+        if replay is not None:
+            from engine.replay import plan_replay
+
+            assert spec.warehouse is not None and until_turn is not None
+            plan = plan_replay(spec.warehouse, replay, until_turn, ignore=tuple(replay_ignore),
+                               allow_divergence=allow_divergence)  # fmt: skip
+            return plan.task, plan
+        assert query is not None  # checked by _check_flags
+        return adhoc_task(query, domain, _read_inputs(input_dir), stamp), None
+    except (TaskValidationError, ValueError) as exc:  # ReplayError is a ValueError
+        raise _fail(str(exc)) from None
+
+
+def _run_one(
+    task: Any, spec: Any, run_dir: Path, stamp: str, model_given: bool, mode: ModeChoice,
+    quiet: bool, plan: Any,
+) -> Any:
+    """The episode, shown live; its failures as one sentence with the exit code they mean."""
+    from engine import RunConfigError
+    from engine.single import run_single
+    from tasks.local_model import LocalModelError
+    from tasks.replay import ReplayDiverged, ReplayError
+
+    view = LiveView(quiet)
+
+    def ready(cfg: Any) -> None:
+        if not quiet:
+            view.console.print(f"[bold]sandflow run[/] model [cyan]{cfg.model}[/] at {cfg.base_url}, mode {mode.value}, folder {run_dir}")
+
+    try:
+        return run_single(task, spec, run_dir, run_id=f"run-{stamp}", model_given=model_given,
+                          on_event=view, on_ready=ready, replay=plan)  # fmt: skip
+    except ReplayDiverged as exc:
+        view._spin(None)
+        raise _fail(f"{exc}\nNothing was recorded; --replay-ignore REGEX masks output that may "
+                    "differ, --allow-divergence goes on anyway.", EXIT_FAILED) from None
+    except ReplayError as exc:
+        raise _fail(str(exc), EXIT_INFRA) from None
+    except RunConfigError as exc:
+        raise _fail(str(exc)) from None
+    except LocalModelError as exc:
+        raise _fail(f"{exc} (or pass --base-url to use a running server)") from None
+    except KeyboardInterrupt:
+        view._spin(None)
+        raise _fail("interrupted; partial records are in " + str(run_dir), EXIT_INTERRUPTED) from None
+
+
+def serve(
+    port: int = typer.Option(0, "--port", min=0, max=65535, help="Port on 127.0.0.1 (0: a free one)."),
+    n_ctx: int = typer.Option(8192, "--n-ctx", min=512, help="Context window in tokens."),
+    alias: str = typer.Option("smollm2-135m-instruct", "--alias", help="Model name the server answers to."),
+) -> None:
+    """Run the embedded model (SmolLM2-135M, llama.cpp, tool calling) in the foreground.
+
+    Point any OpenAI client at the printed URL; Ctrl+C stops it.
+    """
+    import time
+
+    from tasks.local_model import LocalModelError, LocalModelServer
+
+    server = LocalModelServer(port=port or None, alias=alias, n_ctx=n_ctx)
+    try:
+        server.start()
+    except LocalModelError as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"serving {alias} at {server.base_url} (log: {server.log_path}); Ctrl+C stops")
+    sys.stdout.flush()
+    try:
+        while server.proc is not None and server.proc.poll() is None:
+            time.sleep(0.5)
+        raise _fail(f"the server exited: {server.log_tail()}", EXIT_FAILED)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
 def register(app: typer.Typer) -> None:
     """Add this room's commands to the main app."""
-
-    @app.command("run", rich_help_panel="Episodes")
-    def run(
-        query: str | None = typer.Option(None, "--query", "-q", help="The task, in plain words (required unless --replay)."),
-        input_dir: Path | None = typer.Option(
-            None, "--input-dir", "-i", exists=True, file_okay=False, dir_okay=True, readable=True,
-            help="Files to give the model; placed in the sandbox's input dir (/testbed/documents). "
-            "Nothing from outside the folder is read: a symlink leaving it stops the run (a symlink "
-            "to a file inside is copied as that file).",
-        ),
-        output_dir: Path = typer.Option(
-            Path("sandflow_runs"), "--output-dir", "-o",
-            help="Where the run folder goes: <output-dir>/<timestamp>/ with files/, trajectory.json, records.jsonl.",
-        ),
-        model: str | None = typer.Option(None, "--model", "-m", help="Model name as the server serves it (env SANDFLOW_MODEL)."),
-        base_url: str | None = typer.Option(
-            None, "--base-url", "-u",
-            help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (env SANDFLOW_BASE_URL). "
-            "Unset: the embedded SmolLM2-135M starts for this run. The API key comes only from "
-            "SANDFLOW_API_KEY / OPENAI_API_KEY.",
-        ),
-        mode: ModeChoice = typer.Option(ModeChoice.sandbox, "--mode", help="sandbox: tools in a sandbox; llm: one plain call (the baseline)."),
-        domain: str = typer.Option("general", "--domain", help="Prompt set: general, math, physics, chem, biomed, long_context, instruct_follow."),
-        max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1, help="Turns before the episode ends with max_steps."),
-        temperature: float | None = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (default 0.7)."),
-        max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Completion tokens per call (default 2048)."),
-        context_tokens: int | None = typer.Option(None, "--context-tokens", min=256, help="Token budget of one request (prompt + completion)."),
-        wall_clock: float = typer.Option(DEFAULT_WALL_CLOCK_S, "--wall-clock", min=1.0, help="Seconds for the whole episode."),
-        exec_timeout: float | None = typer.Option(None, "--exec-timeout", min=1.0, help="Seconds per shell command (default: the sandbox's 120)."),
-        request_timeout: float | None = typer.Option(None, "--request-timeout", min=1.0, help="Seconds per model request (default 120)."),
-        backend: BackendChoice | None = typer.Option(None, "--backend", help="Sandbox backend (default docker)."),
-        network: str | None = network_option(),
-        image: str | None = typer.Option(None, "--image", help="Sandbox image tag (default: the sandflow image)."),
-        logprobs: bool = typer.Option(False, "--logprobs", help="Request logprobs (and token ids from vLLM)."),
-        extra_body: str | None = typer.Option(
-            None, "--extra-body",
-            help='JSON object passed through to the server, e.g. \'{"top_k": 20, "chat_template_kwargs": {"enable_thinking": false}}\'.',
-        ),
-        warehouse: Path | None = typer.Option(
-            None, "--warehouse", file_okay=False,
-            help="Also record the episode in this warehouse folder (queryable with `sandflow sql`).",
-        ),
-        prompt_dir: Path | None = typer.Option(
-            None, "--prompt-dir", exists=True, file_okay=False,
-            help="A folder of prompt YAML files (general.yaml, <domain>.yaml) overriding the packaged ones.",
-        ),
-        quiet: bool = typer.Option(False, "--quiet", help="No live view; only the summary line."),
-        replay: str | None = typer.Option(
-            None, "--replay", rich_help_panel="Replay",
-            help="RUN/EPISODE of the warehouse (--warehouse, else the configured one): rebuild its "
-            "sandbox by re-running its recorded tool calls of turns < --until-turn in a fresh sandbox, "
-            "check each result against the recording, then let --model go on from its recorded "
-            "messages. Recorded there as a new episode with its parent and branch turn (docs/rl.md, \"Replay and lineage\").",
-        ),
-        until_turn: int | None = typer.Option(
-            None, "--until-turn", min=0, rich_help_panel="Replay",
-            help="With --replay: the turn the new model starts at (its turns before are replayed).",
-        ),
-        replay_ignore: list[str] = typer.Option(
-            [], "--replay-ignore", rich_help_panel="Replay",
-            help="With --replay: a regex of output text that may differ (repeatable), masked on both "
-            "sides beside the built-in rule (durations, times, pids, temp names).",
-        ),
-        allow_divergence: bool = typer.Option(
-            False, "--allow-divergence", rich_help_panel="Replay",
-            help="With --replay: go on after a divergence (kept in the episode's config) instead of stopping.",
-        ),
-    ) -> None:
-        """Solve one task with a model in a sandbox, showing every turn live.
-
-        The model gets a fresh sandbox and three tools (execute_bash, str_replace_editor,
-        submit). Files from --input-dir are placed in /testbed/documents; the answer is read
-        from /testbed/output/answer.txt. Everything is saved to <output-dir>/<timestamp>/:
-        files/ (the sandbox's output folder), trajectory.json and records.jsonl.
-
-        Exit code: 0 the episode ran (see the summary line), 1 a --replay diverged from its
-        recording, 2 bad input, endpoint or model name, 3 the model endpoint or the sandbox
-        failed mid-episode.
-
-        Examples:
-
-          sandflow run -q "How many primes are below 10**6?" -u http://127.0.0.1:8000/v1 -m Qwen/Qwen3-4B
-
-          sandflow run -q "Which play mentions Verona most?" -i ./plays --domain long_context
-
-          sandflow run -q "What is 2**100?" --mode llm
-
-          sandflow run --replay RUN/EPISODE --until-turn 3 -m other-model --warehouse wh
-        """
-        from pydantic import ValidationError
-
-        from datasets_prep.task import TaskValidationError
-        from engine import RunConfigError
-        from engine.single import adhoc_task, new_stamp, run_single
-        from sandflow.config import load_settings
-        from tasks.local_model import LocalModelError
-        from tasks.prompts import domains, load_prompts
-        from tasks.replay import ReplayDiverged, ReplayError
-        from tasks.spec import RunSpec
-
-        if replay is not None:
-            if query is not None or input_dir is not None or mode != ModeChoice.sandbox:
-                raise _fail("--replay takes the task from the recorded run: drop --query, --input-dir and --mode")
-            if until_turn is None:
-                raise _fail("--replay needs --until-turn K: the turn the model starts at")
-        elif until_turn is not None or replay_ignore or allow_divergence:
-            raise _fail("--until-turn, --replay-ignore and --allow-divergence go with --replay RUN/EPISODE")
-        elif query is None:
-            raise _fail("--query is required: say what the model should do (or --replay RUN/EPISODE)")
-        elif not query.strip():
-            raise _fail("--query is empty: say what the model should do")
-        if domain not in ["general", *domains()]:
-            raise _fail(f"unknown --domain {domain!r}: use one of general, {', '.join(domains())}")
-        extra: dict[str, Any] = {}
-        if extra_body:
-            try:
-                extra = json.loads(extra_body)
-            except json.JSONDecodeError as exc:
-                raise _fail(f"--extra-body is not valid JSON ({exc.msg} at position {exc.pos})") from None
-            if not isinstance(extra, dict):
-                raise _fail("--extra-body must be a JSON object, e.g. '{\"top_k\": 20}'")
-        try:
-            load_prompts(domain, str(prompt_dir) if prompt_dir else None)
-            settings = load_settings(
-                model=model, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
-                request_timeout_s=request_timeout,
-                backend=backend.value if backend else None,
-                network=network, image=image,
-            )
-            spec = RunSpec(
-                task_set="adhoc", mode=mode.value, model=settings.model, base_url=settings.base_url,
-                temperature=settings.temperature, max_tokens=settings.max_tokens,
-                request_timeout_s=settings.request_timeout_s, logprobs=logprobs,
-                return_token_ids=logprobs, extra_body=extra, max_steps=max_steps,
-                context_tokens=context_tokens, wall_clock_s=wall_clock, exec_timeout_s=exec_timeout,
-                prompt_dir=str(prompt_dir) if prompt_dir else None, backend=settings.backend,
-                image=settings.image, network=settings.network,
-                sandbox_runtime=settings.sandbox_runtime,
-                warehouse=str(warehouse or (settings.warehouse if replay else "")) or None,
-            )
-            spec.to_model_config(), spec.to_limits(), spec.to_sandbox_config()  # every value checked now
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            raise _fail(f"invalid setting {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-        except ValueError as exc:
-            raise _fail(str(exc)) from None
-
-        stamp = new_stamp()
-        run_dir = output_dir / stamp
-        plan = None
-        try:
-            if replay is not None:
-                from engine.replay import plan_replay
-
-                assert spec.warehouse is not None and until_turn is not None
-                plan = plan_replay(spec.warehouse, replay, until_turn, ignore=tuple(replay_ignore),
-                                   allow_divergence=allow_divergence)  # fmt: skip
-                task = plan.task
-            else:
-                assert query is not None  # checked above
-                task = adhoc_task(query, domain, _read_inputs(input_dir), stamp)
-        except (TaskValidationError, ValueError) as exc:  # ReplayError is a ValueError
-            raise _fail(str(exc)) from None
-        view = LiveView(quiet)
-
-        def ready(cfg: Any) -> None:
-            if not quiet:
-                view.console.print(f"[bold]sandflow run[/] model [cyan]{cfg.model}[/] at {cfg.base_url}, mode {mode.value}, folder {run_dir}")
-
-        try:
-            done = run_single(task, spec, run_dir, run_id=f"run-{stamp}", model_given=bool(settings.model),
-                              on_event=view, on_ready=ready, replay=plan)  # fmt: skip
-        except ReplayDiverged as exc:
-            view._spin(None)
-            raise _fail(f"{exc}\nNothing was recorded; --replay-ignore REGEX masks output that may "
-                        "differ, --allow-divergence goes on anyway.", EXIT_FAILED) from None
-        except ReplayError as exc:
-            raise _fail(str(exc), EXIT_INFRA) from None
-        except RunConfigError as exc:
-            raise _fail(str(exc)) from None
-        except LocalModelError as exc:
-            raise _fail(f"{exc} (or pass --base-url to use a running server)") from None
-        except KeyboardInterrupt:
-            view._spin(None)
-            raise _fail("interrupted; partial records are in " + str(run_dir), EXIT_INTERRUPTED) from None
-
-        rec = done.result.record
-        if done.replay is not None:
-            typer.echo(
-                f"replayed {done.replay.calls} tool call(s) of turns < {until_turn} of {replay}: "
-                f"{done.replay.total} divergence(s); parent {rec.parent_run_id}/{rec.parent_episode_id}, "
-                f"branch turn {rec.branch_turn}; warehouse {spec.warehouse}"
-            )
-        if rec.error and rec.termination != "submitted":
-            typer.secho(f"{rec.termination}: {rec.error}", err=True, fg=typer.colors.YELLOW)
-        typer.echo(done.summary())
-        if rec.is_infra_failure:
-            raise typer.Exit(EXIT_INFRA)
-
-    @app.command("serve", rich_help_panel="Episodes")
-    def serve(
-        port: int = typer.Option(0, "--port", min=0, max=65535, help="Port on 127.0.0.1 (0: a free one)."),
-        n_ctx: int = typer.Option(8192, "--n-ctx", min=512, help="Context window in tokens."),
-        alias: str = typer.Option("smollm2-135m-instruct", "--alias", help="Model name the server answers to."),
-    ) -> None:
-        """Run the embedded model (SmolLM2-135M, llama.cpp, tool calling) in the foreground.
-
-        Point any OpenAI client at the printed URL; Ctrl+C stops it.
-        """
-        import time
-
-        from tasks.local_model import LocalModelError, LocalModelServer
-
-        server = LocalModelServer(port=port or None, alias=alias, n_ctx=n_ctx)
-        try:
-            server.start()
-        except LocalModelError as exc:
-            raise _fail(str(exc)) from None
-        typer.echo(f"serving {alias} at {server.base_url} (log: {server.log_path}); Ctrl+C stops")
-        sys.stdout.flush()
-        try:
-            while server.proc is not None and server.proc.poll() is None:
-                time.sleep(0.5)
-            raise _fail(f"the server exited: {server.log_tail()}", EXIT_FAILED)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.stop()
+    app.command("run", rich_help_panel="Episodes")(run)
+    app.command("serve", rich_help_panel="Episodes")(serve)
