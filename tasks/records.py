@@ -12,7 +12,7 @@ import hashlib
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 Mode = Literal["sandbox", "llm"]
 BranchKind = Literal["fork", "replay"]  # how a child episode got its parent's state
@@ -57,11 +57,31 @@ class Observation(BaseModel):
     duration_s: float = 0.0
 
 
+# A token count outside [0, this] is not a count any model call produced (the longest
+# contexts served are ~10^7 tokens): it is unknown (None), never summed, priced or stored.
+MAX_TOKEN_COUNT = 1_000_000_000
+
+
+def bounded_count(value: Any) -> int | None:
+    """`value` if it is a token count (an integer in [0, MAX_TOKEN_COUNT]), else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_TOKEN_COUNT else None
+
+
 class Usage(BaseModel):
+    """What a server said a call used. Every count is bounded wherever a Usage is made
+    (a reply, a journal line, a stored row): an impossible one is unknown (None)."""
+
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     reasoning_tokens: int | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _bounded(cls, value: Any) -> int | None:
+        return bounded_count(value)
 
 
 class EgressRequest(BaseModel):
