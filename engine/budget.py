@@ -16,8 +16,11 @@ are recorded `budget_exhausted`, an infrastructure-like ending (tasks.records
 INFRA_TERMINATIONS): never graded, never retried, re-run on resume. A resume with a
 higher budget finishes the run.
 
-A turn whose server reported no usage counts 0 tokens and 0 dollars here (nothing to
-count); `run_cost` says such turns are unpriced.
+A turn whose server reported no usage (or an impossible count: tasks.records bounds
+every count) cannot be counted, so a budget cannot be held against that endpoint: the
+first such reply stops the run with one sentence saying so (its tools run and it is
+recorded, as for a spent budget), and a resume with a budget over a run that holds such
+turns starts nothing. Resume without --max-cost / --max-run-tokens to go on regardless.
 """
 
 from __future__ import annotations
@@ -42,14 +45,16 @@ REFRESH_EVERY_S = 2.0
 
 @dataclass(frozen=True)
 class Spent:
-    """Tokens (prompt + completion) and USD (None: no price, only a token budget)."""
+    """Tokens (prompt + completion) and USD (None: no price, only a token budget), and
+    the turns whose server reported no usage (what they cost is not known)."""
 
     tokens: int
     usd: float | None
+    unreported: int = 0
 
     def __add__(self, other: Spent) -> Spent:
         usd = None if self.usd is None or other.usd is None else self.usd + other.usd
-        return Spent(self.tokens + other.tokens, usd)
+        return Spent(self.tokens + other.tokens, usd, self.unreported + other.unreported)
 
 
 def price_for(run: RunSpec) -> Price | None:
@@ -69,6 +74,8 @@ def check_priced(run: RunSpec) -> None:
 
 def _usage_spent(price: Price | None, priced: bool, u: Usage) -> Spent:
     tokens = (u.prompt_tokens or 0) + (u.completion_tokens or 0)
+    if u.prompt_tokens is None or u.completion_tokens is None:
+        return Spent(tokens, 0.0 if priced else None, unreported=1)
     if not priced:
         return Spent(tokens, None)
     usd = (
@@ -108,16 +115,16 @@ class RunBudget:
         if not self.run.warehouse or not Path(self.run.warehouse).is_dir():
             return self._zero()
         from warehouse import Warehouse
-        from warehouse.cost import token_sums
+        from warehouse.cost import run_spend
 
         with Warehouse(self.run.warehouse).query(
             run_id=self.run_id, tables=("episodes", "turns")
         ) as q:
-            tokens, prompt, completion, cached, reasoning = token_sums(q, self.run_id)
+            tokens, prompt, completion, cached, reasoning, unreported = run_spend(q, self.run_id)
         if self.max_cost_usd is None:
-            return Spent(tokens, None)
+            return Spent(tokens, None, unreported)
         usd = self.price.cost(prompt, completion, cached, reasoning) if self.price else None
-        return Spent(tokens, usd or 0.0)
+        return Spent(tokens, usd or 0.0, unreported)
 
     def spent(self) -> Spent:
         with self._lock:
@@ -172,6 +179,13 @@ class RunBudget:
     # -- the decision --------------------------------------------------------------
     def exceeded(self, spent: Spent) -> str | None:
         """One sentence naming the budget and what was spent, or None while within it."""
+        if spent.unreported:
+            return (
+                f"the run's budget ({self._flags()}) cannot be held: the model endpoint "
+                f"reported no usage for {spent.unreported} turn(s) of the run, so what they "
+                "cost is unknown; resume without the budget, or against an endpoint that "
+                "reports usage (docs/cost.md)"
+            )
         if self.max_tokens is not None and spent.tokens >= self.max_tokens:
             return (
                 f"the run's token budget (--max-run-tokens {self.max_tokens}) is spent: "
@@ -183,6 +197,14 @@ class RunBudget:
                 f"{spent.usd:.4f} USD over {spent.tokens} tokens"
             )
         return None
+
+    def _flags(self) -> str:
+        flags = []
+        if self.max_cost_usd is not None:
+            flags.append(f"--max-cost {self.max_cost_usd:g} USD")
+        if self.max_tokens is not None:
+            flags.append(f"--max-run-tokens {self.max_tokens}")
+        return ", ".join(flags)
 
     def check(self) -> Spent:
         spent = self.spent()
@@ -199,6 +221,7 @@ class RunBudget:
             "max_run_tokens": self.max_tokens,
             "spent_tokens": spent.tokens,
             "spent_usd": spent.usd,
+            "unreported_turns": spent.unreported,
             "exhausted": self.exceeded(spent) is not None,
         }
 

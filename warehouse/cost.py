@@ -28,11 +28,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from tasks.pricing import Price, PriceTable, load_prices
+from tasks.records import MAX_TOKEN_COUNT
 from warehouse.schema import check_run_id
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,13 @@ _TURN_COST = """
     ) / 1e6
 """
 
+# A stored count outside [0, MAX_TOKEN_COUNT] (a file written before counts were bounded:
+# a negative prompt_tokens once priced a run at -$99.99) is unknown: its turn is unpriced.
+_BOUNDED_TURN = ", ".join(
+    f"CASE WHEN t.{c} BETWEEN 0 AND {MAX_TOKEN_COUNT} THEN t.{c} END AS {c}"
+    for c in ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")
+)
+
 COST_VIEWS: dict[str, str] = {
     # A branched episode's turns before its branch_turn are its parent's (forked or
     # replayed, issue #25): paid once, by the parent; here `inherited` and cost 0.
@@ -124,7 +132,8 @@ COST_VIEWS: dict[str, str] = {
                p.price_source,
                CASE WHEN t.turn_index < e.branch_turn THEN 0.0 ELSE {_TURN_COST} END AS cost_usd,
                coalesce(t.turn_index < e.branch_turn, false) AS inherited
-        FROM turns t JOIN episodes e USING (run_id, episode_id)
+        FROM (SELECT * REPLACE ({_BOUNDED_TURN}) FROM turns t) t
+        JOIN episodes e USING (run_id, episode_id)
         LEFT JOIN _run_prices p ON p.run_id = t.run_id AND p.model = e.model
     """,
     # Tokens as `episode_tokens` counts them (one definition); cost from the turns. An
@@ -211,25 +220,53 @@ def cost_by_mode(q: Any, run_id: str) -> list[dict[str, Any]]:
 
 
 # A branched episode's turns before its branch_turn are its parent's (a tree's siblings
-# each record the shared prefix): paid once, by the parent, as in `turn_cost`.
+# each record the shared prefix): paid once, by the parent, as in `turn_cost`. A count
+# outside [0, MAX_TOKEN_COUNT] (a file written before counts were bounded) is unknown.
+_BOUNDED = "CASE WHEN t.{c} BETWEEN 0 AND " + str(MAX_TOKEN_COUNT) + " THEN t.{c} END"
 _TOKEN_SUMS = """
-SELECT coalesce(sum(coalesce(t.prompt_tokens, 0) + coalesce(t.completion_tokens, 0)), 0),
-       coalesce(sum(t.prompt_tokens) FILTER (WHERE {reported}), 0),
-       coalesce(sum(t.completion_tokens) FILTER (WHERE {reported}), 0),
-       coalesce(sum(least(coalesce(t.cached_tokens, 0), t.prompt_tokens)) FILTER (WHERE {reported}), 0),
-       coalesce(sum(least(coalesce(t.reasoning_tokens, 0), t.completion_tokens))
-                FILTER (WHERE {reported}), 0)
-FROM turns t LEFT JOIN episodes e USING (run_id, episode_id)
-WHERE t.run_id = '{run_id}' AND NOT coalesce(t.turn_index < e.branch_turn, false)
-""".replace("{reported}", "t.prompt_tokens IS NOT NULL AND t.completion_tokens IS NOT NULL")
+WITH t AS (
+    SELECT {p} AS p, {c} AS c, {k} AS k, {r} AS r
+    FROM turns t LEFT JOIN episodes e USING (run_id, episode_id)
+    WHERE t.run_id = '{run_id}' AND NOT coalesce(t.turn_index < e.branch_turn, false)
+)
+SELECT coalesce(sum(coalesce(p, 0) + coalesce(c, 0)), 0),
+       coalesce(sum(p) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0),
+       coalesce(sum(c) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0),
+       coalesce(sum(least(coalesce(k, 0), p)) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0),
+       coalesce(sum(least(coalesce(r, 0), c)) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0),
+       count(*) FILTER (WHERE p IS NULL OR c IS NULL)
+FROM t
+""".format(
+    p=_BOUNDED.format(c="prompt_tokens"),
+    c=_BOUNDED.format(c="completion_tokens"),
+    k=_BOUNDED.format(c="cached_tokens"),
+    r=_BOUNDED.format(c="reasoning_tokens"),
+    run_id="{run_id}",
+)
+
+
+class RunSpend(NamedTuple):
+    """What a run's recorded turns used (warehouse.cost.run_spend)."""
+
+    tokens: int  # prompt + completion of every turn (what is known of each)
+    prompt: int  # the next four: over the turns whose server reported usage
+    completion: int
+    cached: int  # at most prompt, turn by turn
+    reasoning: int  # at most completion, turn by turn
+    unreported: int  # turns whose server reported no usage (or an impossible count)
+
+
+def run_spend(q: Any, run_id: str) -> RunSpend:
+    """A run's recorded turns summed in SQL: what a budget counts (engine/budget.py)
+    without reading a single turn's text: one aggregate, not one Python object per turn.
+    tasks.pricing.Price.cost of the sums is the sum of the turns' costs (its clamps are
+    per turn here). A branch's inherited turns (before its branch_turn) are not counted
+    again: its parent paid them."""
+    row = q.execute(_TOKEN_SUMS.format(run_id=check_run_id(run_id))).fetchone()
+    return RunSpend(*(int(v) for v in row))
 
 
 def token_sums(q: Any, run_id: str) -> tuple[int, int, int, int, int]:
-    """A run's recorded turns summed in SQL: (tokens of every turn, then over the turns whose
-    server reported usage: prompt, completion, cached (at most prompt), reasoning (at most
-    completion)). tasks.pricing.Price.cost of these sums is the sum of the turns' costs (its
-    clamps are per turn here). What a budget counts (engine/budget.py) without reading a
-    single turn's text: one aggregate, not one Python object per turn. A branch's inherited
-    turns (before its branch_turn) are not counted again: its parent paid them."""
-    row = q.execute(_TOKEN_SUMS.format(run_id=check_run_id(run_id))).fetchone()
-    return (int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))
+    """(tokens of every turn, then over the turns whose server reported usage: prompt,
+    completion, cached, reasoning): `run_spend` without the count of unreported turns."""
+    return tuple(run_spend(q, run_id)[:5])  # type: ignore[return-value]
