@@ -84,6 +84,35 @@ class Usage(BaseModel):
         return bounded_count(value)
 
 
+class Spend(BaseModel):
+    """What earlier attempts of an episode paid for, all of them since replaced by a later
+    attempt (each re-run carries its predecessor's spend on: the money stays counted,
+    engine/budget.py). Token sums are over the turns whose server reported usage."""
+
+    attempts: int = 0
+    turns: int = 0
+    unreported_turns: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def plus_turns(self, turns: list[TurnRecord]) -> Spend:
+        """This spend and one more attempt's `turns` (inherited ones excluded by the caller)."""
+        out = self.model_copy(update={"attempts": self.attempts + 1})
+        for t in turns:
+            u = t.usage
+            out.turns += 1
+            if u.prompt_tokens is None or u.completion_tokens is None:
+                out.unreported_turns += 1
+                continue
+            out.prompt_tokens += u.prompt_tokens
+            out.completion_tokens += u.completion_tokens
+            out.cached_tokens += min(u.cached_tokens or 0, u.prompt_tokens)
+            out.reasoning_tokens += min(u.reasoning_tokens or 0, u.completion_tokens)
+        return out
+
+
 class EgressRequest(BaseModel):
     """One request the sandbox made through the egress proxy (network allowlist / open),
     attributed to the turn during which it ended (sandbox/egress.py)."""
@@ -186,6 +215,9 @@ class EpisodeRecord(BaseModel):
     parent_episode_id: str | None = None
     branch_turn: int | None = None
     branch_kind: BranchKind | None = None
+    # What the earlier attempts of this episode (re-run: an infrastructure failure, a
+    # stopped budget) paid, carried on by each attempt (None: the first attempt).
+    replaced: Spend | None = None
 
     @property
     def is_infra_failure(self) -> bool:

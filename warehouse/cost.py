@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 
 from tasks.pricing import Price, PriceTable, load_prices
-from tasks.records import MAX_TOKEN_COUNT
+from tasks.records import MAX_TOKEN_COUNT, Spend
 from warehouse.schema import check_run_id
 
 log = logging.getLogger(__name__)
@@ -223,19 +223,26 @@ def cost_by_mode(q: Any, run_id: str) -> list[dict[str, Any]]:
 # each record the shared prefix): paid once, by the parent, as in `turn_cost`. A count
 # outside [0, MAX_TOKEN_COUNT] (a file written before counts were bounded) is unknown.
 _BOUNDED = "CASE WHEN t.{c} BETWEEN 0 AND " + str(MAX_TOKEN_COUNT) + " THEN t.{c} END"
-_TOKEN_SUMS = """
+_PAID = """
 WITH t AS (
-    SELECT {p} AS p, {c} AS c, {k} AS k, {r} AS r
+    SELECT t.episode_id, {p} AS p, {c} AS c, {k} AS k, {r} AS r
     FROM turns t LEFT JOIN episodes e USING (run_id, episode_id)
     WHERE t.run_id = '{run_id}' AND NOT coalesce(t.turn_index < e.branch_turn, false)
+), own AS (
+    SELECT episode_id, count(*) AS turns,
+           count(*) FILTER (WHERE p IS NULL OR c IS NULL) AS unreported,
+           coalesce(sum(p) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0) AS p,
+           coalesce(sum(c) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0) AS c,
+           coalesce(sum(least(coalesce(k, 0), p)) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0) AS k,
+           coalesce(sum(least(coalesce(r, 0), c)) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0) AS r
+    FROM t GROUP BY episode_id
+), rep AS (
+    SELECT episode_id, replaced FROM episodes
+    WHERE run_id = '{run_id}' AND replaced IS NOT NULL
 )
-SELECT coalesce(sum(coalesce(p, 0) + coalesce(c, 0)), 0),
-       coalesce(sum(p) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0),
-       coalesce(sum(c) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0),
-       coalesce(sum(least(coalesce(k, 0), p)) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0),
-       coalesce(sum(least(coalesce(r, 0), c)) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0),
-       count(*) FILTER (WHERE p IS NULL OR c IS NULL)
-FROM t
+SELECT episode_id, coalesce(own.turns, 0), coalesce(own.unreported, 0), coalesce(own.p, 0),
+       coalesce(own.c, 0), coalesce(own.k, 0), coalesce(own.r, 0), rep.replaced
+FROM own FULL OUTER JOIN rep USING (episode_id)
 """.format(
     p=_BOUNDED.format(c="prompt_tokens"),
     c=_BOUNDED.format(c="completion_tokens"),
@@ -246,24 +253,62 @@ FROM t
 
 
 class RunSpend(NamedTuple):
-    """What a run's recorded turns used (warehouse.cost.run_spend)."""
+    """What a run's recorded attempts used (warehouse.cost.run_spend)."""
 
-    tokens: int  # prompt + completion of every turn (what is known of each)
-    prompt: int  # the next four: over the turns whose server reported usage
+    tokens: int  # prompt + completion of every turn whose server reported usage
+    prompt: int  # the next four: over those turns too
     completion: int
     cached: int  # at most prompt, turn by turn
     reasoning: int  # at most completion, turn by turn
     unreported: int  # turns whose server reported no usage (or an impossible count)
 
 
+def _replaced(text: Any) -> Spend:
+    """An episode row's `replaced` (the warehouse's own JSON, still read defensively: a
+    value that is not a Spend of counts is nothing carried)."""
+    try:
+        spend = Spend.model_validate_json(text) if isinstance(text, str) else Spend()
+    except ValueError:
+        return Spend()
+    values = spend.model_dump().values()
+    return spend if all(0 <= v <= MAX_TOKEN_COUNT * 1000 for v in values) else Spend()
+
+
+def paid_by_episode(q: Any, run_id: str) -> dict[str, Spend]:
+    """What each episode of a run has paid for: its current attempt's turns plus what the
+    attempts it replaced paid (`episodes.replaced`, carried on by each re-run), so money
+    spent stays counted whatever is replaced. In SQL (one aggregate; the turns' text is
+    never read). A branch's inherited turns (before its branch_turn) are its parent's."""
+    out: dict[str, Spend] = {}
+    for eid, turns, unreported, p, c, k, r, replaced in q.execute(
+        _PAID.format(run_id=check_run_id(run_id))
+    ).fetchall():
+        prior = _replaced(replaced)
+        own = Spend(
+            attempts=1 if turns else 0, turns=int(turns), unreported_turns=int(unreported),
+            prompt_tokens=int(p), completion_tokens=int(c), cached_tokens=int(k),
+            reasoning_tokens=int(r),
+        )  # fmt: skip
+        out[str(eid)] = add_spend(prior, own)
+    return out
+
+
+def add_spend(a: Spend, b: Spend) -> Spend:
+    return Spend(**{f: getattr(a, f) + getattr(b, f) for f in Spend.model_fields})
+
+
 def run_spend(q: Any, run_id: str) -> RunSpend:
-    """A run's recorded turns summed in SQL: what a budget counts (engine/budget.py)
-    without reading a single turn's text: one aggregate, not one Python object per turn.
-    tasks.pricing.Price.cost of the sums is the sum of the turns' costs (its clamps are
-    per turn here). A branch's inherited turns (before its branch_turn) are not counted
-    again: its parent paid them."""
-    row = q.execute(_TOKEN_SUMS.format(run_id=check_run_id(run_id))).fetchone()
-    return RunSpend(*(int(v) for v in row))
+    """A run's recorded spend summed (`paid_by_episode`): what a budget counts
+    (engine/budget.py). tasks.pricing.Price.cost of the sums is the sum of the turns' costs
+    (its clamps are per turn here)."""
+    total = Spend()
+    for spend in paid_by_episode(q, run_id).values():
+        total = add_spend(total, spend)
+    return RunSpend(
+        total.prompt_tokens + total.completion_tokens, total.prompt_tokens,
+        total.completion_tokens, total.cached_tokens, total.reasoning_tokens,
+        total.unreported_turns,
+    )  # fmt: skip
 
 
 def token_sums(q: Any, run_id: str) -> tuple[int, int, int, int, int]:
