@@ -50,9 +50,8 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from tasks.replies import ModelReply, message_calls, usage_from_openai
-
-__all__ = ["ModelReply"]  # re-exported: the loop's reply type lives in tasks.replies
+from tasks.replies import ModelReply as ModelReply  # re-exported: its home is tasks.replies
+from tasks.replies import message_calls, usage_from_openai
 
 log = logging.getLogger(__name__)
 

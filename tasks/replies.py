@@ -187,7 +187,7 @@ def arguments_dict(text: str | None, tool: str = "the tool") -> dict[str, Any]:
     raw = text.strip() if text else ""
     if raw == "":
         return {}
-    if text_too_deep(raw):
+    if text_too_deep(raw) or raw == _too_deep_note():  # the note: an object sent too deep
         raise ArgumentsError(
             f"Invalid JSON in the arguments of {tool}: nested deeper than "
             f"{MAX_ARGUMENT_DEPTH} levels. Send the arguments as one flat JSON object, "
@@ -215,7 +215,7 @@ def read_arguments(text: str | None) -> tuple[dict[str, Any], str | None]:
     raw = text.strip() if isinstance(text, str) else ""
     if raw == "":
         return {}, None
-    if text_too_deep(raw):
+    if text_too_deep(raw) or raw == _too_deep_note():
         return {}, f"JSON nested deeper than {MAX_ARGUMENT_DEPTH} levels"
     try:
         value = json.loads(raw)
