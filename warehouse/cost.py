@@ -20,7 +20,8 @@ Views (registered by warehouse/query.py after the base views):
   run_cost      one row per run: episodes, tokens, unpriced_turns, cost_usd (NULL when
                 any turn is unpriced), known_cost_usd (the priced turns only),
                 cost_per_episode, models; the sandbox side: sandbox_cpu_s (summed),
-                sandbox_peak_memory_bytes (the largest episode's), sandbox_episodes_measured
+                sandbox_peak_memory_bytes (the largest episode's), sandbox_episodes_measured; replaced_cost_usd (what attempts since replaced by a re-run paid:
+                episodes.replaced) and paid_cost_usd (all the run paid)
 """
 
 from __future__ import annotations
@@ -121,6 +122,18 @@ _BOUNDED_TURN = ", ".join(
     for c in ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")
 )
 
+# The cost of an episode's replaced attempts from their sums (cached at most prompt,
+# reasoning at most completion, as tasks.records.Spend sums them turn by turn).
+_REPLACED_COST = "(" + " + ".join(
+    f"greatest(coalesce(TRY_CAST(e.replaced->>'{key}' AS BIGINT), 0), 0) * {rate}"
+    for key, rate in (
+        ("prompt_tokens", "p.input_per_m"),
+        ("cached_tokens", "(p.cached_input_per_m - p.input_per_m)"),
+        ("completion_tokens", "p.output_per_m"),
+        ("reasoning_tokens", "(p.reasoning_per_m - p.output_per_m)"),
+    )
+) + ") / 1e6"
+
 COST_VIEWS: dict[str, str] = {
     # A branched episode's turns before its branch_turn are its parent's (forked or
     # replayed, issue #25): paid once, by the parent; here `inherited` and cost 0.
@@ -153,11 +166,18 @@ COST_VIEWS: dict[str, str] = {
                CASE WHEN p.run_id IS NULL OR coalesce(t.unpriced_turns, 0) > 0 THEN NULL
                     WHEN t.run_id IS NULL AND coalesce(k.total_tokens, 0) > 0 THEN NULL
                     ELSE coalesce(t.known_cost_usd, 0.0) END AS cost_usd,
-               e.sandbox_cpu_s, e.sandbox_peak_memory_bytes
+               e.sandbox_cpu_s, e.sandbox_peak_memory_bytes,
+               -- what the attempts this one replaced paid (episodes.replaced): 0 for a
+               -- first attempt, NULL when unpriced or when one of their turns was
+               CASE WHEN e.replaced IS NULL THEN 0.0
+                    WHEN p.run_id IS NULL
+                         OR coalesce(TRY_CAST(e.replaced->>'unreported_turns' AS BIGINT), 1) > 0
+                    THEN NULL
+                    ELSE {replaced_cost} END AS replaced_cost_usd
         FROM episode_tokens k JOIN episodes e USING (run_id, episode_id)
         LEFT JOIN t USING (run_id, episode_id)
         LEFT JOIN _run_prices p ON p.run_id = k.run_id AND p.model = k.model
-    """,
+    """.replace("{replaced_cost}", _REPLACED_COST),
     "run_cost": """
         SELECT r.run_id,
                string_agg(DISTINCT c.model, ',' ORDER BY c.model) AS models,
@@ -179,7 +199,14 @@ COST_VIEWS: dict[str, str] = {
                -- the sandbox side: summed over the episodes whose backend measured it
                count(c.sandbox_cpu_s) AS sandbox_episodes_measured,
                sum(c.sandbox_cpu_s) AS sandbox_cpu_s,
-               max(c.sandbox_peak_memory_bytes) AS sandbox_peak_memory_bytes
+               max(c.sandbox_peak_memory_bytes) AS sandbox_peak_memory_bytes,
+               -- money spent on attempts since replaced by a re-run (episodes.replaced),
+               -- and all the run paid: cost_usd prices the current attempts only
+               CASE WHEN count(*) FILTER (WHERE c.episode_id IS NOT NULL AND c.replaced_cost_usd IS NULL) > 0
+                    THEN NULL ELSE coalesce(sum(c.replaced_cost_usd), 0.0) END AS replaced_cost_usd,
+               CASE WHEN count(*) FILTER (WHERE c.episode_id IS NOT NULL
+                                          AND (c.cost_usd IS NULL OR c.replaced_cost_usd IS NULL)) > 0
+                    THEN NULL ELSE coalesce(sum(c.cost_usd + c.replaced_cost_usd), 0.0) END AS paid_cost_usd
         FROM (SELECT run_id FROM runs UNION SELECT run_id FROM episodes) r
         LEFT JOIN episode_cost c USING (run_id)
         GROUP BY r.run_id ORDER BY r.run_id

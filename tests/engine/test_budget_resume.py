@@ -82,6 +82,11 @@ def test_a_replaced_attempts_spend_stays_counted_and_a_spent_budget_starts_nothi
         done = engine.run(tasks, _spec(server, wh, rid, max_cost_usd=1.0))
         assert done.summary["status"] == "finished" and server.count == 6 + 4
         assert done.summary["budget"]["spent_usd"] == pytest.approx(9 * REPLY_USD)
+    # run_cost prices the current attempt; what the replaced ones paid is beside it
+    ((cost, replaced_cost, paid),) = _rows(
+        wh, f"SELECT cost_usd, replaced_cost_usd, paid_cost_usd FROM run_cost WHERE run_id = '{rid}'"
+    )
+    assert (cost, replaced_cost, paid) == pytest.approx((4 * REPLY_USD, 5 * REPLY_USD, 9 * REPLY_USD))
     ((replaced,),) = _rows(wh, f"SELECT replaced FROM episodes WHERE run_id = '{rid}'")
     assert json.loads(replaced)["attempts"] == 2 and json.loads(replaced)["turns"] == 5
     assert containers_of(rid) == []
