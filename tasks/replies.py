@@ -101,7 +101,9 @@ def usage_from_openai(u: Any) -> Usage:
             ", ".join(dropped),
             MAX_TOKEN_COUNT,
         )
-    return Usage.model_construct(None, **counts)  # each value is checked here: no validation repeated
+    return Usage.model_construct(
+        None, **counts
+    )  # each value is checked here: no validation repeated
 
 
 def usage_from_counts(

@@ -124,15 +124,19 @@ _BOUNDED_TURN = ", ".join(
 
 # The cost of an episode's replaced attempts from their sums (cached at most prompt,
 # reasoning at most completion, as tasks.records.Spend sums them turn by turn).
-_REPLACED_COST = "(" + " + ".join(
-    f"greatest(coalesce(TRY_CAST(e.replaced->>'{key}' AS BIGINT), 0), 0) * {rate}"
-    for key, rate in (
-        ("prompt_tokens", "p.input_per_m"),
-        ("cached_tokens", "(p.cached_input_per_m - p.input_per_m)"),
-        ("completion_tokens", "p.output_per_m"),
-        ("reasoning_tokens", "(p.reasoning_per_m - p.output_per_m)"),
+_REPLACED_COST = (
+    "("
+    + " + ".join(
+        f"greatest(coalesce(TRY_CAST(e.replaced->>'{key}' AS BIGINT), 0), 0) * {rate}"
+        for key, rate in (
+            ("prompt_tokens", "p.input_per_m"),
+            ("cached_tokens", "(p.cached_input_per_m - p.input_per_m)"),
+            ("completion_tokens", "p.output_per_m"),
+            ("reasoning_tokens", "(p.reasoning_per_m - p.output_per_m)"),
+        )
     )
-) + ") / 1e6"
+    + ") / 1e6"
+)
 
 COST_VIEWS: dict[str, str] = {
     # A branched episode's turns before its branch_turn are its parent's (forked or
