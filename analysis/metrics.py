@@ -21,6 +21,7 @@ from statistics import mean, median
 from typing import Any
 
 from analysis.usage_rules import CAPABILITIES, label_tool_call, primary_label
+from tasks.replies import read_arguments
 from warehouse.rundata import RunData
 
 ALL = "(all)"
@@ -61,13 +62,8 @@ def egress_detail(turn: Any) -> str | None:
 
 
 def _detail(name: str, arguments: str) -> str | None:
-    import json
-
-    try:
-        args = json.loads(arguments)
-    except (TypeError, ValueError):
-        return None
-    if not isinstance(args, dict):
+    args, problem = read_arguments(arguments)
+    if problem is not None:
         return None
     text = args.get("command") if name != "str_replace_editor" else f"{args.get('command')} {args.get('path')}"
     return str(text)[:200] if text is not None else None

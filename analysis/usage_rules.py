@@ -24,12 +24,13 @@ management; `submit` and unknown tools are none.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from tasks.replies import read_arguments
 
 Capability = Literal["computation", "file_management", "external_resource", "none"]
 CAPABILITIES: tuple[Capability, ...] = (
@@ -228,13 +229,7 @@ def label_bash(command: str) -> set[Capability]:
 def _arguments(raw: str | dict | None) -> dict:
     if isinstance(raw, dict):
         return raw
-    if not raw:
-        return {}
-    try:
-        parsed = json.loads(raw)
-    except (TypeError, ValueError):
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
+    return read_arguments(raw)[0]  # malformed: {} (tasks.replies' rule, bounded nesting)
 
 
 def label_tool_call(name: str, arguments: str | dict | None) -> set[Capability]:

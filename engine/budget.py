@@ -16,8 +16,11 @@ are recorded `budget_exhausted`, an infrastructure-like ending (tasks.records
 INFRA_TERMINATIONS): never graded, never retried, re-run on resume. A resume with a
 higher budget finishes the run.
 
-A turn whose server reported no usage counts 0 tokens and 0 dollars here (nothing to
-count); `run_cost` says such turns are unpriced.
+A turn whose server reported no usage (or an impossible count: tasks.records bounds
+every count) cannot be counted, so a budget cannot be held against that endpoint: the
+first such reply stops the run with one sentence saying so (its tools run and it is
+recorded, as for a spent budget), and a resume with a budget over a run that holds such
+turns starts nothing. Resume without --max-cost / --max-run-tokens to go on regardless.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 from engine.cancel import CancelToken, renew_after_budget
 from engine.plan import RunConfigError
 from tasks.pricing import Price, load_prices
-from tasks.records import TurnRecord, Usage
+from tasks.records import Spend, TurnRecord, Usage
 from tasks.spec import RunSpec
 
 TERMINATION = "budget_exhausted"
@@ -42,14 +45,20 @@ REFRESH_EVERY_S = 2.0
 
 @dataclass(frozen=True)
 class Spent:
-    """Tokens (prompt + completion) and USD (None: no price, only a token budget)."""
+    """Tokens (prompt + completion) and USD (None: no price, only a token budget), and
+    the turns whose server reported no usage (what they cost is not known)."""
 
     tokens: int
     usd: float | None
+    unreported: int = 0
 
     def __add__(self, other: Spent) -> Spent:
         usd = None if self.usd is None or other.usd is None else self.usd + other.usd
-        return Spent(self.tokens + other.tokens, usd)
+        return Spent(self.tokens + other.tokens, usd, self.unreported + other.unreported)
+
+    def __sub__(self, other: Spent) -> Spent:
+        usd = None if self.usd is None or other.usd is None else self.usd - other.usd
+        return Spent(self.tokens - other.tokens, usd, self.unreported - other.unreported)
 
 
 def price_for(run: RunSpec) -> Price | None:
@@ -69,6 +78,8 @@ def check_priced(run: RunSpec) -> None:
 
 def _usage_spent(price: Price | None, priced: bool, u: Usage) -> Spent:
     tokens = (u.prompt_tokens or 0) + (u.completion_tokens or 0)
+    if u.prompt_tokens is None or u.completion_tokens is None:
+        return Spent(tokens, 0.0 if priced else None, unreported=1)
     if not priced:
         return Spent(tokens, None)
     usd = (
@@ -92,51 +103,77 @@ class RunBudget:
         self.price = price_for(run)
         self.token = token
         self._lock = threading.Lock()
-        self._recorded = Spent(0, 0.0)
-        self._running: dict[str, Spent] = {}
-        # ended in this process since the last read of the warehouse: counted from memory
-        self._ended: dict[str, Spent] = {}
+        # the warehouse's count at the last read: per episode, and in total for the
+        # episodes this process has not run (those it ran are counted from memory only)
+        self._by_episode: dict[str, Spent] = {}
+        self._others = self._zero()
+        # episodes run here: what their finished attempts paid (earlier ones included)
+        self._mine: dict[str, Spent] = {}
+        self._mine_total = self._zero()
+        self._running: dict[str, Spent] = {}  # the attempt in flight, reply by reply
         self._last_refresh = float("-inf")
 
     # -- what is spent --------------------------------------------------------------
     def _zero(self) -> Spent:
         return Spent(0, 0.0 if self.max_cost_usd is not None else None)
 
-    def recorded(self) -> Spent:
-        """The run's recorded turns in the warehouse (0 without a warehouse), summed in SQL
-        (warehouse.cost.token_sums): the text of the turns is never read."""
-        if not self.run.warehouse or not Path(self.run.warehouse).is_dir():
+    def _spent(self, spend: Spend | None) -> Spent:
+        """A recorded Spend in this budget's units (tokens, USD at the run's price)."""
+        if spend is None:
             return self._zero()
+        tokens = spend.prompt_tokens + spend.completion_tokens
+        if self.max_cost_usd is None:
+            return Spent(tokens, None, spend.unreported_turns)
+        usd = (
+            self.price.cost(spend.prompt_tokens, spend.completion_tokens, spend.cached_tokens,
+                            spend.reasoning_tokens)
+            if self.price else None
+        )  # fmt: skip
+        return Spent(tokens, usd or 0.0, spend.unreported_turns)
+
+    def recorded_by_episode(self) -> dict[str, Spent]:
+        """What each recorded episode of the run paid (0 without a warehouse): its current
+        attempt's turns and every attempt it replaced (warehouse.cost.paid_by_episode, one
+        SQL aggregate: the text of the turns is never read)."""
+        if not self.run.warehouse or not Path(self.run.warehouse).is_dir():
+            return {}
         from warehouse import Warehouse
-        from warehouse.cost import token_sums
+        from warehouse.cost import paid_by_episode
 
         with Warehouse(self.run.warehouse).query(
             run_id=self.run_id, tables=("episodes", "turns")
         ) as q:
-            tokens, prompt, completion, cached, reasoning = token_sums(q, self.run_id)
-        if self.max_cost_usd is None:
-            return Spent(tokens, None)
-        usd = self.price.cost(prompt, completion, cached, reasoning) if self.price else None
-        return Spent(tokens, usd or 0.0)
+            paid = paid_by_episode(q, self.run_id)
+        return {k: self._spent(v) for k, v in paid.items()}
+
+    def recorded(self) -> Spent:
+        """What the warehouse says the run has paid."""
+        total = self._zero()
+        for s in self.recorded_by_episode().values():
+            total = total + s
+        return total
 
     def spent(self) -> Spent:
         with self._lock:
-            total = self._recorded
-            for s in (*self._running.values(), *self._ended.values()):
+            total = self._others + self._mine_total
+            for s in self._running.values():
                 total = total + s
             return total
 
     def refresh(self) -> Spent:
         """Re-read the warehouse (other processes' and earlier runs' episodes), then check.
-        The episodes that ended before the read are in it: they leave the ended count."""
+        An episode this process runs or ran is counted from memory, never from the read
+        too: no episode is counted twice, and none is lost while its attempt is replaced."""
         with self._lock:
-            counted = set(self._ended)
             self._last_refresh = time.monotonic()
-        recorded = self.recorded()
+        by_episode = self.recorded_by_episode()
         with self._lock:
-            self._recorded = recorded
-            for key in counted:
-                self._ended.pop(key, None)
+            self._by_episode = by_episode
+            others = self._zero()
+            for key, s in by_episode.items():
+                if key not in self._mine:
+                    others = others + s
+            self._others = others
         return self.check()
 
     def refresh_if_due(self) -> Spent:
@@ -147,6 +184,26 @@ class RunBudget:
         return self.refresh() if due else self.check()
 
     # -- the episodes of this process -------------------------------------------------
+    def _track(self, episode_key: str, prior: Spend | None) -> None:
+        """From now on `episode_key` is counted from memory (under the lock): what its
+        earlier attempts paid (`prior`: the engine's record of it, the warehouse's at the
+        run's start) moves from the warehouse's part to this process's."""
+        if episode_key in self._mine:
+            return
+        recorded = self._by_episode.get(episode_key)
+        if recorded is not None:
+            self._others = self._others - recorded
+        start = self._spent(prior) if prior is not None else (recorded or self._zero())
+        self._mine[episode_key] = start
+        self._mine_total = self._mine_total + start
+
+    def attempt_started(self, episode_key: str, prior: Spend | None) -> None:
+        """An attempt of `episode_key` starts here; `prior`: what its episode's earlier
+        attempts paid (None: none known)."""
+        with self._lock:
+            self._track(episode_key, prior)
+            self._running[episode_key] = self._zero()
+
     def hook(self, episode_key: str) -> Any:
         """The agent loop's event hook for one episode: counts each reply's usage."""
 
@@ -154,24 +211,34 @@ class RunBudget:
             if kind == "reply" and isinstance(payload, TurnRecord):
                 add = _usage_spent(self.price, self.max_cost_usd is not None, payload.usage)
                 with self._lock:
+                    self._track(episode_key, None)
                     self._running[episode_key] = self._running.get(episode_key, self._zero()) + add
                 self.check()
 
         return on_event
 
     def episode_ended(self, episode_key: str) -> None:
-        """Its turns are in the warehouse now (or lost with it): counted from there at the
-        next refresh, at most one per REFRESH_EVERY_S (a run of thousands of episodes
-        re-read the warehouse once per episode: quadratic); until then, from memory."""
+        """The attempt ended: what it paid stays counted with its episode (whatever a
+        later attempt replaces); the warehouse is re-read at most every REFRESH_EVERY_S (a
+        run of thousands of episodes re-read it once per episode: quadratic)."""
         with self._lock:
             spent = self._running.pop(episode_key, None)
             if spent is not None:
-                self._ended[episode_key] = spent
+                self._track(episode_key, None)
+                self._mine[episode_key] = self._mine[episode_key] + spent
+                self._mine_total = self._mine_total + spent
         self.refresh_if_due()
 
     # -- the decision --------------------------------------------------------------
     def exceeded(self, spent: Spent) -> str | None:
         """One sentence naming the budget and what was spent, or None while within it."""
+        if spent.unreported:
+            return (
+                f"the run's budget ({self._flags()}) cannot be held: the model endpoint "
+                f"reported no usage for {spent.unreported} turn(s) of the run, so what they "
+                "cost is unknown; resume without the budget, or against an endpoint that "
+                "reports usage (docs/cost.md)"
+            )
         if self.max_tokens is not None and spent.tokens >= self.max_tokens:
             return (
                 f"the run's token budget (--max-run-tokens {self.max_tokens}) is spent: "
@@ -183,6 +250,14 @@ class RunBudget:
                 f"{spent.usd:.4f} USD over {spent.tokens} tokens"
             )
         return None
+
+    def _flags(self) -> str:
+        flags = []
+        if self.max_cost_usd is not None:
+            flags.append(f"--max-cost {self.max_cost_usd:g} USD")
+        if self.max_tokens is not None:
+            flags.append(f"--max-run-tokens {self.max_tokens}")
+        return ", ".join(flags)
 
     def check(self) -> Spent:
         spent = self.spent()
@@ -199,6 +274,7 @@ class RunBudget:
             "max_run_tokens": self.max_tokens,
             "spent_tokens": spent.tokens,
             "spent_usd": spent.usd,
+            "unreported_turns": spent.unreported,
             "exhausted": self.exceeded(spent) is not None,
         }
 

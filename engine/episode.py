@@ -30,7 +30,7 @@ from engine.cancel import token_for
 from engine.plan import EpisodeSpec
 from engine.retry import EpisodeCancelled, InfraFailure, is_retryable
 from engine.slots import SANDBOX_LIMIT, GlobalLimit, shared_client, slot
-from tasks.records import NullRecorder, Recorder
+from tasks.records import NullRecorder, Recorder, Spend
 from tasks.spec import RunSpec
 
 
@@ -85,13 +85,16 @@ def run_one(
     max_sandboxes = run.max_sandboxes or run.concurrency
     limit = max_sandboxes if needs_sandbox else None
     budget = budget_for(run)
+    prior = paid_before(spec)
     with slot("sandbox", limit, SANDBOX_LIMIT if needs_sandbox else None, None, global_limit):
         try:
-            result = _run_episode(spec, run, model_cfg, client, budget)
+            result = _run_episode(spec, run, model_cfg, client, budget, prior)
         finally:
             if budget is not None:
                 budget.episode_ended(spec.key)
     rec = result.record
+    own = [t for t in result.turns if rec.branch_turn is None or t.turn_index >= rec.branch_turn]
+    _remember_paid(spec, (prior or Spend()).plus_turns(own))
     return EpisodeOutcome(
         episode_id=rec.episode_id,
         task_id=rec.task_id,
@@ -110,16 +113,27 @@ def run_one(
 
 
 def _run_episode(
-    spec: EpisodeSpec, run: RunSpec, model_cfg: Any, client: Any, budget: RunBudget | None
+    spec: EpisodeSpec,
+    run: RunSpec,
+    model_cfg: Any,
+    client: Any,
+    budget: RunBudget | None,
+    prior: Spend | None = None,
 ) -> Any:
-    """tasks.loop.run_episode with the run's values; the budget counts its replies."""
+    """tasks.loop.run_episode with the run's values; the budget counts its replies (and
+    what the attempts it replaces paid: `prior`, carried on in its record)."""
     from tasks.loop import run_episode
 
+    recorder = _writer(run.warehouse, run.durability)
+    if prior is not None:
+        recorder = _Carrying(recorder, prior)
+    if budget is not None:
+        budget.attempt_started(spec.key, prior)
     return run_episode(
         spec.task,
         model_cfg,
         run.to_sandbox_config(spec.run_id),
-        _writer(run.warehouse, run.durability),
+        recorder,
         mode=spec.mode,  # type: ignore[arg-type]
         sample_index=spec.sample_index,
         run_id=spec.run_id,
@@ -129,6 +143,55 @@ def _run_episode(
         cancel=token_for(spec.run_id),
         on_event=budget.hook(spec.key) if budget is not None else None,
     )
+
+
+# What every attempt of an episode run in this process paid (key: run id, episode key),
+# its predecessors' included: the next attempt's `replaced`. Seeded per run from the
+# warehouse (EpisodeSpec.replaced) and forgotten when a run starts (engine.run).
+_paid: dict[tuple[str, str], Spend] = {}
+_paid_lock = threading.Lock()
+
+
+def paid_before(spec: EpisodeSpec) -> Spend | None:
+    """What the attempts of `spec`'s episode before this one paid (None: it has none)."""
+    with _paid_lock:
+        here = _paid.get((spec.run_id, spec.key))
+    return here if here is not None else spec.replaced
+
+
+def _remember_paid(spec: EpisodeSpec, spend: Spend) -> None:
+    with _paid_lock:
+        _paid[(spec.run_id, spec.key)] = spend
+
+
+def forget_paid(run_id: str) -> None:
+    """A run starts: what it paid is read from the warehouse again (EpisodeSpec.replaced)."""
+    with _paid_lock:
+        for k in [k for k in _paid if k[0] == run_id]:
+            del _paid[k]
+
+
+class _Carrying:
+    """A recorder that writes `replaced` into the episode's record (its start and its
+    end), so the attempt's row says what the attempts it replaces paid."""
+
+    def __init__(self, inner: Recorder, replaced: Spend) -> None:
+        self.inner = inner
+        self.replaced = replaced
+
+    def start_episode(self, episode: Any) -> None:
+        episode.replaced = self.replaced
+        self.inner.start_episode(episode)
+
+    def record_turn(self, turn: Any) -> None:
+        self.inner.record_turn(turn)
+
+    def finish_episode(self, episode: Any) -> None:
+        episode.replaced = self.replaced
+        self.inner.finish_episode(episode)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def use_host_settings(run: RunSpec) -> None:

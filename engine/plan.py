@@ -19,7 +19,7 @@ from tasks.defaults import (
     EMBEDDED_MODEL_MAX_STEPS,
     EMBEDDED_MODEL_MAX_TOKENS,
 )
-from tasks.records import episode_key
+from tasks.records import Spend, episode_key
 from tasks.spec import RunSpec
 
 MODES = {"sandbox": ("sandbox",), "llm": ("llm",), "both": ("sandbox", "llm")}
@@ -46,6 +46,10 @@ class EpisodeSpec(BaseModel):
     task: Task
     mode: str
     sample_index: int = 0
+    # What the episode's recorded attempts paid (the warehouse's, at the run's start): a
+    # re-run carries it on in its record (tasks.records.Spend), so the money stays
+    # counted when the attempt is replaced. None: nothing recorded for it yet.
+    replaced: Spend | None = None
 
     @property
     def key(self) -> str:

@@ -53,7 +53,7 @@ from datasets_prep.task import Task, TaskSet
 from engine import budget as budgets
 from engine import progress
 from engine.cancel import CancelToken, registered
-from engine.episode import EpisodeOutcome, attempt
+from engine.episode import EpisodeOutcome, attempt, forget_paid
 from engine.executors import Executor, Finished, ThreadExecutor, Work
 from engine.plan import (
     MODES,
@@ -496,6 +496,7 @@ def _execute(
     spec = spec.model_copy(update={"run_id": rid, "warehouse": root, "image": image})
     _prewarm(spec, pending, executor)
     previous = wh.run_info(rid) if wh is not None else None
+    pending = _carry_paid(wh, rid, pending, resumed=previous is not None)
     outcomes: list[EpisodeOutcome] = []
     with endpoint(spec.to_model_config()) as live_cfg:
         if pending:
@@ -555,6 +556,21 @@ def _execute(
         "worker_pids": sorted({o.pid for o in outcomes}),
     }
     return RunResult(summary, outcomes, handle.failed)
+
+
+def _carry_paid(wh: Any, rid: str, pending: list[EpisodeSpec], *, resumed: bool) -> list[EpisodeSpec]:
+    """`pending` with what each one's recorded attempts paid (EpisodeSpec.replaced): the
+    re-run carries it on in its record, so the money stays counted against the run when
+    its attempt is replaced (a budget stopped, an infrastructure failure). One aggregate,
+    only when the run has a record (a resume)."""
+    forget_paid(rid)
+    if wh is None or not pending or not resumed:
+        return pending
+    from warehouse.cost import paid_by_episode
+
+    with wh.query(run_id=rid, tables=("episodes", "turns")) as q:
+        paid = paid_by_episode(q, rid)
+    return [s.model_copy(update={"replaced": paid[s.key]}) if s.key in paid else s for s in pending]
 
 
 def _status(token: CancelToken, failed: list[Any]) -> str:

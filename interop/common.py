@@ -8,6 +8,8 @@ from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from tasks.replies import read_arguments
+
 
 def iso(ts: datetime | None) -> str | None:
     return ts.isoformat() if ts is not None else None
@@ -23,14 +25,9 @@ def sandflow_version() -> str:
 
 def parse_arguments(raw: str) -> tuple[dict[str, Any], str | None]:
     """A tool call's raw JSON text -> (object, None), or ({}, why) when it is not a JSON
-    object (the model may write anything there; the raw text is kept by the caller)."""
-    try:
-        value = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}, "invalid JSON"
-    if not isinstance(value, dict):
-        return {}, f"JSON {type(value).__name__}, not an object"
-    return value, None
+    object (the model may write anything there; the raw text is kept by the caller).
+    tasks.replies' rule: bounded nesting, so no arguments can crash an export."""
+    return read_arguments(raw)
 
 
 def text_of(content: Any) -> str:

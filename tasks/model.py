@@ -38,7 +38,6 @@ import ssl
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -51,7 +50,8 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from tasks.records import ToolCall, Usage
+from tasks.replies import ModelReply as ModelReply  # re-exported: its home is tasks.replies
+from tasks.replies import message_calls, usage_from_openai
 
 log = logging.getLogger(__name__)
 
@@ -188,38 +188,6 @@ def _parse_context_numbers(message: str) -> tuple[int | None, int | None]:
 
 
 # --------------------------------------------------------------------------- reply
-@dataclass
-class ModelReply:
-    """One assistant message plus what the server said about producing it."""
-
-    content: str | None
-    tool_calls: list[ToolCall]
-    reasoning_content: str | None
-    finish_reason: str | None
-    usage: Usage
-    latency_s: float
-    attempts: int = 1
-    prompt_token_ids: list[int] | None = None
-    completion_token_ids: list[int] | None = None
-    completion_logprobs: list[float] | None = None
-    max_tokens_used: int = 0
-    raw_extra: dict[str, Any] = field(default_factory=dict)
-
-    def as_message(self) -> dict[str, Any]:
-        """The assistant message as it goes back into the history (OpenAI wire format).
-
-        A tool-call-only reply is sent back with content "" rather than null: llama.cpp's
-        server rejects a null content, and every other server treats both alike.
-        """
-        msg: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
-        if self.tool_calls:
-            msg["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in self.tool_calls
-            ]
-        return msg
-
-
 def _obj(value: Any) -> dict[str, Any]:
     """`value` if it is a JSON object, else {} (a server's field of the wrong type)."""
     return value if isinstance(value, dict) else {}
@@ -233,18 +201,6 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _arguments(value: Any) -> str:
-    """A tool call's arguments as text (some servers send an object instead of JSON text)."""
-    if isinstance(value, str):
-        return value
-    if value is None:
-        return ""
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return str(value)
-
-
 def _parse_reply(data: dict[str, Any], latency: float) -> ModelReply:
     """A chat completion (the JSON object) as a ModelReply; fields of the wrong type are
     read as missing, never trusted as what they claim to be."""
@@ -254,28 +210,9 @@ def _parse_reply(data: dict[str, Any], latency: float) -> ModelReply:
     choice = choices[0]
     msg = _obj(choice.get("message"))
     reasoning = _text(msg.get("reasoning_content")) or _text(msg.get("reasoning"))
-    raw_calls = msg.get("tool_calls")
-    calls = []
-    for i, c in enumerate(raw_calls if isinstance(raw_calls, list) else []):
-        fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict):
-            continue
-        calls.append(
-            ToolCall(
-                id=_text(c.get("id")) or f"call_{i}",
-                name=_text(fn.get("name")) or "",
-                arguments=_arguments(fn.get("arguments")),
-            )
-        )
-    u = _obj(data.get("usage"))
-    # each value is checked here (an int or None), so no validation is repeated: four
-    # validated assignments cost ~10 us a call, more than the rest of the parsing
-    usage = Usage.model_construct(
-        prompt_tokens=_int(u.get("prompt_tokens")),
-        completion_tokens=_int(u.get("completion_tokens")),
-        cached_tokens=_int(_obj(u.get("prompt_tokens_details")).get("cached_tokens")),
-        reasoning_tokens=_int(_obj(u.get("completion_tokens_details")).get("reasoning_tokens")),
-    )
+    # tool calls and usage: tasks.replies, the one reader (its rule for what is malformed)
+    calls = message_calls(msg.get("tool_calls"))
+    usage = usage_from_openai(data.get("usage"))
 
     # Exact tokens: ids the server gave, never re-tokenized text.
     completion_ids = _ints(choice.get("token_ids"))
@@ -305,9 +242,16 @@ def _parse_reply(data: dict[str, Any], latency: float) -> ModelReply:
     )
 
 
+# A token id is an index into a vocabulary (the largest are ~2^18): one outside
+# [0, 2^31) is not an id, and the whole list is read as missing.
+MAX_TOKEN_ID = 2**31 - 1
+
+
 def _ints(value: Any) -> list[int] | None:
-    """A list of token ids, or None when it is missing or not a list of integers."""
-    if not isinstance(value, list) or not all(_int(v) is not None for v in value):
+    """A list of token ids, or None when it is missing or not a list of token ids."""
+    if not isinstance(value, list) or not all(
+        (v := _int(x)) is not None and 0 <= v <= MAX_TOKEN_ID for x in value
+    ):
         return None
     return list(value)
 
@@ -316,9 +260,10 @@ def _token_id(token: str | None) -> int | None:
     """vLLM's `return_tokens_as_token_ids` renders each token as 'token_id:<int>'."""
     if token and token.startswith("token_id:"):
         try:
-            return int(token[9:])
+            value = int(token[9:])
         except ValueError:
             return None
+        return value if 0 <= value <= MAX_TOKEN_ID else None
     return None
 
 
@@ -541,6 +486,11 @@ class ModelClient:
             return resp.json()
         except ValueError:
             raise _BadBody(f"the server's reply is not JSON: {resp.text[:120]!r}") from None
+        except RecursionError:  # not retried: the same reply would come back
+            raise ModelError(
+                f"the server's reply ({len(resp.content)} bytes) nests JSON deeper than can be "
+                "read (send tool-call arguments as JSON text, as the OpenAI API does)"
+            ) from None
 
     def scrub(self, text: str) -> str:
         """`text` without the API key (a server may echo it in an error message)."""

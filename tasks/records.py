@@ -12,7 +12,7 @@ import hashlib
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 Mode = Literal["sandbox", "llm"]
 BranchKind = Literal["fork", "replay"]  # how a child episode got its parent's state
@@ -57,11 +57,60 @@ class Observation(BaseModel):
     duration_s: float = 0.0
 
 
+# A token count outside [0, this] is not a count any model call produced (the longest
+# contexts served are ~10^7 tokens): it is unknown (None), never summed, priced or stored.
+MAX_TOKEN_COUNT = 1_000_000_000
+
+
+def bounded_count(value: Any) -> int | None:
+    """`value` if it is a token count (an integer in [0, MAX_TOKEN_COUNT]), else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_TOKEN_COUNT else None
+
+
 class Usage(BaseModel):
+    """What a server said a call used. Every count is bounded wherever a Usage is made
+    (a reply, a journal line, a stored row): an impossible one is unknown (None)."""
+
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     reasoning_tokens: int | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _bounded(cls, value: Any) -> int | None:
+        return bounded_count(value)
+
+
+class Spend(BaseModel):
+    """What earlier attempts of an episode paid for, all of them since replaced by a later
+    attempt (each re-run carries its predecessor's spend on: the money stays counted,
+    engine/budget.py). Token sums are over the turns whose server reported usage."""
+
+    attempts: int = 0
+    turns: int = 0
+    unreported_turns: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def plus_turns(self, turns: list[TurnRecord]) -> Spend:
+        """This spend and one more attempt's `turns` (inherited ones excluded by the caller)."""
+        out = self.model_copy(update={"attempts": self.attempts + 1})
+        for t in turns:
+            u = t.usage
+            out.turns += 1
+            if u.prompt_tokens is None or u.completion_tokens is None:
+                out.unreported_turns += 1
+                continue
+            out.prompt_tokens += u.prompt_tokens
+            out.completion_tokens += u.completion_tokens
+            out.cached_tokens += min(u.cached_tokens or 0, u.prompt_tokens)
+            out.reasoning_tokens += min(u.reasoning_tokens or 0, u.completion_tokens)
+        return out
 
 
 class EgressRequest(BaseModel):
@@ -166,6 +215,9 @@ class EpisodeRecord(BaseModel):
     parent_episode_id: str | None = None
     branch_turn: int | None = None
     branch_kind: BranchKind | None = None
+    # What the earlier attempts of this episode (re-run: an infrastructure failure, a
+    # stopped budget) paid, carried on by each attempt (None: the first attempt).
+    replaced: Spend | None = None
 
     @property
     def is_infra_failure(self) -> bool:

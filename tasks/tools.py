@@ -10,7 +10,6 @@ on directories, and every failure is an observation the model can act on. Only
 
 from __future__ import annotations
 
-import json
 import posixpath
 import shlex
 import time
@@ -19,90 +18,18 @@ from typing import Any
 
 from sandbox.base import ExecResult, Sandbox
 from tasks.records import Observation, ToolCall
+from tasks.replies import ArgumentsError, arguments_dict
+from tasks.tool_schemas import (  # the schemas' home; re-exported: callers import them here
+    EDITOR_COMMANDS as EDITOR_COMMANDS,
+)
+from tasks.tool_schemas import EXECUTE_BASH as EXECUTE_BASH
+from tasks.tool_schemas import STR_REPLACE_EDITOR as STR_REPLACE_EDITOR
+from tasks.tool_schemas import SUBMIT as SUBMIT
+from tasks.tool_schemas import TOOL_NAMES as TOOL_NAMES
+from tasks.tool_schemas import TOOL_SCHEMAS as TOOL_SCHEMAS
 
-EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
 MAX_OBSERVATION_CHARS = 16_000
 SNIPPET_CONTEXT = 4
-
-
-def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {"type": "object", "properties": properties, "required": required},
-        },
-    }
-
-
-EXECUTE_BASH = _fn(
-    "execute_bash",
-    "Run a bash command in the sandbox's persistent shell (working directory and exported "
-    "variables persist between calls). Returns stdout, stderr and the exit code; long "
-    "output is clipped in the middle.",
-    {
-        "command": {
-            "type": "string",
-            "description": "The command to run, e.g. `python solve.py` or `ls -la /testbed`.",
-        }
-    },
-    ["command"],
-)
-
-STR_REPLACE_EDITOR = _fn(
-    "str_replace_editor",
-    "View, create and edit files in the sandbox.\n"
-    "* `view` on a file shows it with line numbers (`cat -n`), optionally only `view_range`; "
-    "on a directory it lists non-hidden entries up to 2 levels deep.\n"
-    "* `create` writes `file_text` to a new file; it refuses a path that already exists.\n"
-    "* `str_replace` replaces `old_str` with `new_str`; `old_str` must match exactly one "
-    "place in the file, whitespace included.\n"
-    "* `insert` inserts `new_str` after line `insert_line` (0 = at the top).\n"
-    "* `undo_edit` reverts the last edit made to `path`.\n"
-    "Long output is clipped and marked with <response clipped>.",
-    {
-        "command": {
-            "type": "string",
-            "enum": list(EDITOR_COMMANDS),
-            "description": "One of `view`, `create`, `str_replace`, `insert`, `undo_edit`.",
-        },
-        "path": {
-            "type": "string",
-            "description": "Absolute path to a file or directory, e.g. `/testbed/solve.py`.",
-        },
-        "file_text": {"type": "string", "description": "Required for `create`: the file's content."},
-        "old_str": {
-            "type": "string",
-            "description": "Required for `str_replace`: the exact text to replace.",
-        },
-        "new_str": {
-            "type": "string",
-            "description": "For `str_replace`: the replacement (default empty). Required for `insert`.",
-        },
-        "insert_line": {
-            "type": "integer",
-            "description": "Required for `insert`: `new_str` goes after this line (0 = top).",
-        },
-        "view_range": {
-            "type": "array",
-            "items": {"type": "integer"},
-            "description": "Optional for `view` of a file: [start, end], 1-based, inclusive; "
-            "end -1 means to the end of the file.",
-        },
-    },
-    ["command", "path"],
-)
-
-SUBMIT = _fn(
-    "submit",
-    "Finish the task. Call it once the answer is written to the output directory.",
-    {},
-    [],
-)
-
-TOOL_SCHEMAS: list[dict] = [EXECUTE_BASH, STR_REPLACE_EDITOR, SUBMIT]
-TOOL_NAMES = tuple(t["function"]["name"] for t in TOOL_SCHEMAS)
 
 
 class ToolInputError(Exception):
@@ -384,19 +311,9 @@ def _error_kind(message: str) -> str:
 
 
 def parse_arguments(call: ToolCall) -> dict[str, Any]:
-    """The call's arguments as a dict, or a ToolInputError the model can act on."""
-    raw = call.arguments.strip() if call.arguments else ""
-    if raw == "":
-        return {}
+    """The call's arguments as a dict (tasks.replies' rule), or a ToolInputError the model
+    can act on: malformed arguments of any shape are the model's error, never ours."""
     try:
-        args = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ToolInputError(
-            f"Invalid JSON in the arguments of {call.name}: {exc.msg} at position {exc.pos}. "
-            'Send the arguments as one JSON object, e.g. {"command": "ls"}.'
-        ) from None
-    if not isinstance(args, dict):
-        raise ToolInputError(
-            f"Invalid JSON in the arguments of {call.name}: expected an object, got {type(args).__name__}."
-        )
-    return args
+        return arguments_dict(call.arguments, call.name)
+    except ArgumentsError as exc:
+        raise ToolInputError(str(exc)) from None

@@ -22,7 +22,8 @@ a 500 fault, so a test that over-runs its script fails loudly rather than hangin
 Faults: ``Fault.rate_limit(retry_after)`` (429 with Retry-After), ``Fault.server_error(500)``,
 ``Fault.hang(seconds)`` (no answer until then, or until `stop()`),
 ``Fault.drop()`` (connection closed without a response), ``Fault.non_json()``
-(200 with an HTML body), ``Fault.context_length(max_context, prompt_tokens)`` (vLLM's
+(200 with an HTML body), ``Fault.raw_body(text)`` (200 with that text as the body),
+``Fault.context_length(max_context, prompt_tokens)`` (vLLM's
 400 message for an over-long request).
 
 ``GET /v1/models`` lists `models`; a chat request naming another model gets a 404
@@ -162,6 +163,12 @@ class Fault:
     @classmethod
     def non_json(cls) -> Fault:
         return cls("non_json", 200)
+
+    @classmethod
+    def raw_body(cls, body: str) -> Fault:
+        """200 with `body` as the JSON reply, sent as it is (a body json.dumps cannot
+        make, e.g. one nested thousands of levels deep)."""
+        return cls("raw", 200, message=body)
 
     @classmethod
     def context_length(cls, max_context: int = 4096, prompt_tokens: int = 3900) -> Fault:
@@ -392,6 +399,9 @@ def _make_handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                 return
             if fault.kind == "non_json":
                 self._send(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
+                return
+            if fault.kind == "raw":
+                self._send(200, fault.message.encode(), "application/json")
                 return
             message = fault.message
             if "{requested}" in message:

@@ -20,7 +20,8 @@ Views (registered by warehouse/query.py after the base views):
   run_cost      one row per run: episodes, tokens, unpriced_turns, cost_usd (NULL when
                 any turn is unpriced), known_cost_usd (the priced turns only),
                 cost_per_episode, models; the sandbox side: sandbox_cpu_s (summed),
-                sandbox_peak_memory_bytes (the largest episode's), sandbox_episodes_measured
+                sandbox_peak_memory_bytes (the largest episode's), sandbox_episodes_measured; replaced_cost_usd (what attempts since replaced by a re-run paid:
+                episodes.replaced) and paid_cost_usd (all the run paid)
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from tasks.pricing import Price, PriceTable, load_prices
+from tasks.records import MAX_TOKEN_COUNT, Spend
 from warehouse.schema import check_run_id
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,29 @@ _TURN_COST = """
     ) / 1e6
 """
 
+# A stored count outside [0, MAX_TOKEN_COUNT] (a file written before counts were bounded:
+# a negative prompt_tokens once priced a run at -$99.99) is unknown: its turn is unpriced.
+_BOUNDED_TURN = ", ".join(
+    f"CASE WHEN t.{c} BETWEEN 0 AND {MAX_TOKEN_COUNT} THEN t.{c} END AS {c}"
+    for c in ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")
+)
+
+# The cost of an episode's replaced attempts from their sums (cached at most prompt,
+# reasoning at most completion, as tasks.records.Spend sums them turn by turn).
+_REPLACED_COST = (
+    "("
+    + " + ".join(
+        f"greatest(coalesce(TRY_CAST(e.replaced->>'{key}' AS BIGINT), 0), 0) * {rate}"
+        for key, rate in (
+            ("prompt_tokens", "p.input_per_m"),
+            ("cached_tokens", "(p.cached_input_per_m - p.input_per_m)"),
+            ("completion_tokens", "p.output_per_m"),
+            ("reasoning_tokens", "(p.reasoning_per_m - p.output_per_m)"),
+        )
+    )
+    + ") / 1e6"
+)
+
 COST_VIEWS: dict[str, str] = {
     # A branched episode's turns before its branch_turn are its parent's (forked or
     # replayed, issue #25): paid once, by the parent; here `inherited` and cost 0.
@@ -124,7 +149,8 @@ COST_VIEWS: dict[str, str] = {
                p.price_source,
                CASE WHEN t.turn_index < e.branch_turn THEN 0.0 ELSE {_TURN_COST} END AS cost_usd,
                coalesce(t.turn_index < e.branch_turn, false) AS inherited
-        FROM turns t JOIN episodes e USING (run_id, episode_id)
+        FROM (SELECT * REPLACE ({_BOUNDED_TURN}) FROM turns t) t
+        JOIN episodes e USING (run_id, episode_id)
         LEFT JOIN _run_prices p ON p.run_id = t.run_id AND p.model = e.model
     """,
     # Tokens as `episode_tokens` counts them (one definition); cost from the turns. An
@@ -144,11 +170,18 @@ COST_VIEWS: dict[str, str] = {
                CASE WHEN p.run_id IS NULL OR coalesce(t.unpriced_turns, 0) > 0 THEN NULL
                     WHEN t.run_id IS NULL AND coalesce(k.total_tokens, 0) > 0 THEN NULL
                     ELSE coalesce(t.known_cost_usd, 0.0) END AS cost_usd,
-               e.sandbox_cpu_s, e.sandbox_peak_memory_bytes
+               e.sandbox_cpu_s, e.sandbox_peak_memory_bytes,
+               -- what the attempts this one replaced paid (episodes.replaced): 0 for a
+               -- first attempt, NULL when unpriced or when one of their turns was
+               CASE WHEN e.replaced IS NULL THEN 0.0
+                    WHEN p.run_id IS NULL
+                         OR coalesce(TRY_CAST(e.replaced->>'unreported_turns' AS BIGINT), 1) > 0
+                    THEN NULL
+                    ELSE {replaced_cost} END AS replaced_cost_usd
         FROM episode_tokens k JOIN episodes e USING (run_id, episode_id)
         LEFT JOIN t USING (run_id, episode_id)
         LEFT JOIN _run_prices p ON p.run_id = k.run_id AND p.model = k.model
-    """,
+    """.replace("{replaced_cost}", _REPLACED_COST),
     "run_cost": """
         SELECT r.run_id,
                string_agg(DISTINCT c.model, ',' ORDER BY c.model) AS models,
@@ -170,7 +203,14 @@ COST_VIEWS: dict[str, str] = {
                -- the sandbox side: summed over the episodes whose backend measured it
                count(c.sandbox_cpu_s) AS sandbox_episodes_measured,
                sum(c.sandbox_cpu_s) AS sandbox_cpu_s,
-               max(c.sandbox_peak_memory_bytes) AS sandbox_peak_memory_bytes
+               max(c.sandbox_peak_memory_bytes) AS sandbox_peak_memory_bytes,
+               -- money spent on attempts since replaced by a re-run (episodes.replaced),
+               -- and all the run paid: cost_usd prices the current attempts only
+               CASE WHEN count(*) FILTER (WHERE c.episode_id IS NOT NULL AND c.replaced_cost_usd IS NULL) > 0
+                    THEN NULL ELSE coalesce(sum(c.replaced_cost_usd), 0.0) END AS replaced_cost_usd,
+               CASE WHEN count(*) FILTER (WHERE c.episode_id IS NOT NULL
+                                          AND (c.cost_usd IS NULL OR c.replaced_cost_usd IS NULL)) > 0
+                    THEN NULL ELSE coalesce(sum(c.cost_usd + c.replaced_cost_usd), 0.0) END AS paid_cost_usd
         FROM (SELECT run_id FROM runs UNION SELECT run_id FROM episodes) r
         LEFT JOIN episode_cost c USING (run_id)
         GROUP BY r.run_id ORDER BY r.run_id
@@ -211,25 +251,98 @@ def cost_by_mode(q: Any, run_id: str) -> list[dict[str, Any]]:
 
 
 # A branched episode's turns before its branch_turn are its parent's (a tree's siblings
-# each record the shared prefix): paid once, by the parent, as in `turn_cost`.
-_TOKEN_SUMS = """
-SELECT coalesce(sum(coalesce(t.prompt_tokens, 0) + coalesce(t.completion_tokens, 0)), 0),
-       coalesce(sum(t.prompt_tokens) FILTER (WHERE {reported}), 0),
-       coalesce(sum(t.completion_tokens) FILTER (WHERE {reported}), 0),
-       coalesce(sum(least(coalesce(t.cached_tokens, 0), t.prompt_tokens)) FILTER (WHERE {reported}), 0),
-       coalesce(sum(least(coalesce(t.reasoning_tokens, 0), t.completion_tokens))
-                FILTER (WHERE {reported}), 0)
-FROM turns t LEFT JOIN episodes e USING (run_id, episode_id)
-WHERE t.run_id = '{run_id}' AND NOT coalesce(t.turn_index < e.branch_turn, false)
-""".replace("{reported}", "t.prompt_tokens IS NOT NULL AND t.completion_tokens IS NOT NULL")
+# each record the shared prefix): paid once, by the parent, as in `turn_cost`. A count
+# outside [0, MAX_TOKEN_COUNT] (a file written before counts were bounded) is unknown.
+_BOUNDED = "CASE WHEN t.{c} BETWEEN 0 AND " + str(MAX_TOKEN_COUNT) + " THEN t.{c} END"
+_PAID = """
+WITH t AS (
+    SELECT t.episode_id, {p} AS p, {c} AS c, {k} AS k, {r} AS r
+    FROM turns t LEFT JOIN episodes e USING (run_id, episode_id)
+    WHERE t.run_id = '{run_id}' AND NOT coalesce(t.turn_index < e.branch_turn, false)
+), own AS (
+    SELECT episode_id, count(*) AS turns,
+           count(*) FILTER (WHERE p IS NULL OR c IS NULL) AS unreported,
+           coalesce(sum(p) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0) AS p,
+           coalesce(sum(c) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0) AS c,
+           coalesce(sum(least(coalesce(k, 0), p)) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0) AS k,
+           coalesce(sum(least(coalesce(r, 0), c)) FILTER (WHERE p IS NOT NULL AND c IS NOT NULL), 0) AS r
+    FROM t GROUP BY episode_id
+), rep AS (
+    SELECT episode_id, replaced FROM episodes
+    WHERE run_id = '{run_id}' AND replaced IS NOT NULL
+)
+SELECT episode_id, coalesce(own.turns, 0), coalesce(own.unreported, 0), coalesce(own.p, 0),
+       coalesce(own.c, 0), coalesce(own.k, 0), coalesce(own.r, 0), rep.replaced
+FROM own FULL OUTER JOIN rep USING (episode_id)
+""".format(
+    p=_BOUNDED.format(c="prompt_tokens"),
+    c=_BOUNDED.format(c="completion_tokens"),
+    k=_BOUNDED.format(c="cached_tokens"),
+    r=_BOUNDED.format(c="reasoning_tokens"),
+    run_id="{run_id}",
+)
+
+
+class RunSpend(NamedTuple):
+    """What a run's recorded attempts used (warehouse.cost.run_spend)."""
+
+    tokens: int  # prompt + completion of every turn whose server reported usage
+    prompt: int  # the next four: over those turns too
+    completion: int
+    cached: int  # at most prompt, turn by turn
+    reasoning: int  # at most completion, turn by turn
+    unreported: int  # turns whose server reported no usage (or an impossible count)
+
+
+def _replaced(text: Any) -> Spend:
+    """An episode row's `replaced` (the warehouse's own JSON, still read defensively: a
+    value that is not a Spend of counts is nothing carried)."""
+    try:
+        spend = Spend.model_validate_json(text) if isinstance(text, str) else Spend()
+    except ValueError:
+        return Spend()
+    values = spend.model_dump().values()
+    return spend if all(0 <= v <= MAX_TOKEN_COUNT * 1000 for v in values) else Spend()
+
+
+def paid_by_episode(q: Any, run_id: str) -> dict[str, Spend]:
+    """What each episode of a run has paid for: its current attempt's turns plus what the
+    attempts it replaced paid (`episodes.replaced`, carried on by each re-run), so money
+    spent stays counted whatever is replaced. In SQL (one aggregate; the turns' text is
+    never read). A branch's inherited turns (before its branch_turn) are its parent's."""
+    out: dict[str, Spend] = {}
+    for eid, turns, unreported, p, c, k, r, replaced in q.execute(
+        _PAID.format(run_id=check_run_id(run_id))
+    ).fetchall():
+        prior = _replaced(replaced)
+        own = Spend(
+            attempts=1 if turns else 0, turns=int(turns), unreported_turns=int(unreported),
+            prompt_tokens=int(p), completion_tokens=int(c), cached_tokens=int(k),
+            reasoning_tokens=int(r),
+        )  # fmt: skip
+        out[str(eid)] = add_spend(prior, own)
+    return out
+
+
+def add_spend(a: Spend, b: Spend) -> Spend:
+    return Spend(**{f: getattr(a, f) + getattr(b, f) for f in Spend.model_fields})
+
+
+def run_spend(q: Any, run_id: str) -> RunSpend:
+    """A run's recorded spend summed (`paid_by_episode`): what a budget counts
+    (engine/budget.py). tasks.pricing.Price.cost of the sums is the sum of the turns' costs
+    (its clamps are per turn here)."""
+    total = Spend()
+    for spend in paid_by_episode(q, run_id).values():
+        total = add_spend(total, spend)
+    return RunSpend(
+        total.prompt_tokens + total.completion_tokens, total.prompt_tokens,
+        total.completion_tokens, total.cached_tokens, total.reasoning_tokens,
+        total.unreported_turns,
+    )  # fmt: skip
 
 
 def token_sums(q: Any, run_id: str) -> tuple[int, int, int, int, int]:
-    """A run's recorded turns summed in SQL: (tokens of every turn, then over the turns whose
-    server reported usage: prompt, completion, cached (at most prompt), reasoning (at most
-    completion)). tasks.pricing.Price.cost of these sums is the sum of the turns' costs (its
-    clamps are per turn here). What a budget counts (engine/budget.py) without reading a
-    single turn's text: one aggregate, not one Python object per turn. A branch's inherited
-    turns (before its branch_turn) are not counted again: its parent paid them."""
-    row = q.execute(_TOKEN_SUMS.format(run_id=check_run_id(run_id))).fetchone()
-    return (int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))
+    """(tokens of every turn, then over the turns whose server reported usage: prompt,
+    completion, cached, reasoning): `run_spend` without the count of unreported turns."""
+    return tuple(run_spend(q, run_id)[:5])  # type: ignore[return-value]

@@ -609,7 +609,13 @@ class WarehouseQuery(ClosedOnExit):
             if c.episode is None or not c.turns:
                 continue
             st = state or ("live" if is_live(path) else "orphaned")
-            t = turns_table(c.turns, write_id=f"journal:{path.name}")
+            try:
+                t = turns_table(c.turns, write_id=f"journal:{path.name}")
+            except (OverflowError, ValueError, TypeError, pa.ArrowException) as exc:
+                # one record that will not convert is named (and moved aside with
+                # quarantine), never the end of every query on the warehouse
+                self._journal_unreadable(snap, path, exc)
+                continue
             n = t.num_rows
             t = t.append_column("journal_state", pa.array([st] * n, pa.string()))
             t = t.append_column("task_id", pa.array([c.episode.task_id] * n, pa.string()))
@@ -628,6 +634,19 @@ class WarehouseQuery(ClosedOnExit):
         self.con.execute(
             "CREATE OR REPLACE VIEW partial_turns AS SELECT * FROM _partial_turns_arrow"
         )
+
+    def _journal_unreadable(self, snap: Snapshot, path: Path, exc: BaseException) -> None:
+        reason = (
+            f"its turns do not convert to the turns table: {type(exc).__name__}: {str(exc)[:200]}"
+        )
+        log.warning("warehouse: journal %s left out: %s", path, reason)
+        if self.quarantine and not is_live(path):
+            moved = quarantine(BadFile(path, "journal", reason), self.layout.root)
+            snap.quarantined.append(moved)
+            snap.journal_problems.append(f"{path}: {reason}; moved to {moved}")
+        else:
+            hint = "" if self.quarantine else " (use --quarantine to move it aside)"
+            snap.journal_problems.append(f"{path}: {reason}; left out{hint}")
 
     # ---- querying --------------------------------------------------------------------
     def sql(self, query: str) -> duckdb.DuckDBPyRelation:

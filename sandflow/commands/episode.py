@@ -19,6 +19,7 @@ from sandbox.backends import backend_names
 from sandflow.commands.network_option import network_option
 from sandflow.errors import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_USAGE, fail
 from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
+from tasks.replies import read_arguments
 
 
 class ModeChoice(StrEnum):
@@ -111,9 +112,8 @@ def _short(text: str, n: int) -> str:
 
 
 def _pretty_args(raw: str) -> str:
-    try:
-        args = json.loads(raw) if raw.strip() else {}
-    except ValueError:
+    args, problem = read_arguments(raw)
+    if problem is not None:
         return raw
     if isinstance(args, dict) and set(args) == {"command"}:
         return str(args["command"])

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.markup import escape
 
 from sandflow.console import cell_width
 from sandflow.console import console as stdout_console
@@ -109,7 +110,7 @@ def _open(
         raise fail(str(exc), EXIT_FAILED) from None
     _warn_bad(q, quarantine, already=set())
     for p in q.snapshot.journal_problems[:5]:
-        err.print(f"[yellow]journal:[/yellow] {p}")
+        err.print(f"[yellow]journal:[/yellow] {escape(p)}", soft_wrap=True)  # paths whole
     return q
 
 

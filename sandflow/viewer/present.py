@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from tasks.replies import read_arguments
+
 MAX_FIELD_CHARS = 200_000  # per text field on a page; the warehouse keeps it all
 MAX_JSON_CHARS = 100_000  # tool-call arguments parsed for display up to this size
 FOLD_LINES = 20
@@ -106,12 +108,9 @@ def parse_arguments(name: str, raw: str | None) -> tuple[bool, str | None, list[
     raw = raw or ""
     if len(raw) > MAX_JSON_CHARS:
         return False, None, [Arg("arguments", raw[:MAX_FIELD_CHARS], True)]
-    try:
-        parsed = json.loads(raw) if raw.strip() else {}
-    except ValueError:
+    parsed, problem = read_arguments(raw)  # tasks.replies' rule: bounded nesting
+    if problem is not None:
         return False, None, [Arg("arguments", raw, True)] if raw else []
-    if not isinstance(parsed, dict):
-        return True, None, [Arg("arguments", _text(parsed), True)]
     headline = None
     rest = dict(parsed)
     if name == "execute_bash" and isinstance(rest.get("command"), str):

@@ -122,6 +122,71 @@ def test_invalid_tool_call_json_is_the_models_mistake(tmp_path: Path, test_run_i
     assert rows and rows[0][0] == '{"command": "ls /testbed", ' and "json" in rows[0][1].lower()
 
 
+# 3,000 levels of brackets (12 KB): Python's json reader recurses once per level.
+DEEP = '{"command": ' + "[" * 3000 + "]" * 3000 + "}"
+
+
+@pytest.mark.parametrize("shape", ["object", "list"])
+def test_arguments_nested_thousands_deep_are_the_models_mistake_and_every_reader_survives(
+    shape: str, tmp_path: Path, test_run_id: str
+) -> None:
+    """Issue #37: tool-call arguments nested 3,000 levels deep were a RecursionError in the
+    tool's parser, recorded as sandbox_error (infrastructure: retried, never graded), and
+    then `export atif`, `export inspect` and `flows usage` crashed on the run. Now: an
+    error observation the model sees, the episode goes on and is graded, and every reader
+    of the run (exports, usage labels, the viewer's display) reads it."""
+    from analysis import metrics
+    from interop.atif import export_atif
+    from interop.inspect_log import export_inspect
+    from sandflow.viewer.present import parse_arguments as display
+    from warehouse import Warehouse
+
+    args = {"object": DEEP, "list": "[" * 3000 + "]" * 3000}[shape]
+    bad = tool_reply("execute_bash", args)
+    rid = f"{test_run_id}-m-deep-{shape}"
+    with ScriptedModel([bad], default=solver, models=("scripted",)) as model:
+        result = _episode(model, tmp_path / "wh", rid)
+        second_request = model.requests[1]
+    assert result.record.termination == "submitted", result.record.error
+    assert not result.record.is_infra_failure
+    obs = result.turns[0].observations[0]
+    assert obs.error == "invalid JSON arguments", obs
+    tool_msgs = [m for m in second_request["messages"] if m.get("role") == "tool"]
+    assert "nested deeper than 64 levels" in tool_msgs[0]["content"]
+    assert _recorded(tmp_path / "wh", rid) == ("submitted", ANSWER, 4)  # graded, as any turn
+    assert result.turns[0].tool_calls[0].arguments == args  # kept as the model sent it
+
+    wh = tmp_path / "wh"
+    atif = export_atif(wh, rid, tmp_path / "atif")
+    assert atif.files == 1
+    inspect = export_inspect(wh, rid, tmp_path / "inspect")
+    assert inspect.files == 1
+    data = Warehouse(wh).load_run(rid)
+    rows = metrics.usage_call_rows(data)
+    assert rows and metrics.usage_rates(metrics.turn_labels(data))
+    valid, _headline, shown = display("execute_bash", args)
+    assert not valid and shown
+
+
+def test_a_reply_whose_body_nests_too_deep_is_not_retried(tmp_path: Path, test_run_id: str) -> None:
+    """Arguments sent as a JSON *object* 3,000 levels deep make the whole reply body
+    unreadable to Python's json: one model_error naming it, not a retry loop for the
+    retry window nor a crash."""
+    call = '{"id": "c1", "type": "function", "function": {"name": "execute_bash", "arguments": ' + DEEP + "}}"
+    bad = Fault.raw_body(
+        '{"id": "x", "object": "chat.completion", "model": "scripted", "choices": [{"index": 0, '
+        '"message": {"role": "assistant", "content": null, "tool_calls": [' + call + "]}, "
+        '"finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}'
+    )
+    rid = f"{test_run_id}-m-deepbody"
+    with ScriptedModel([bad], default=solver, models=("scripted",)) as model:
+        result = _episode(model, tmp_path / "wh", rid)
+        sent = len(model.requests)
+    assert sent == 1
+    assert result.record.termination == "model_error"
+    assert "nests JSON deeper than can be read" in (result.record.error or "")
+
+
 @pytest.mark.parametrize(
     "fault",
     [Fault.server_error(500), Fault.non_json(), Fault.drop()],
