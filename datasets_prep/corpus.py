@@ -16,7 +16,8 @@ A document that cannot be used never stops the build and never vanishes: it is
 counted with one reason (`REASONS`) and a detail naming it. A folder is walked
 without following anything: a symlink that leads outside the folder is refused
 (`unsafe_path`), a symlink to a file inside is read as that file, a symlink to a folder
-is skipped (its files are read under their own names), and files are opened through
+is not followed (it could loop: `loop -> .`) and is counted as `linked_folder` (its
+files are read under their own names), and files are opened through
 datasets_prep.paths (O_NOFOLLOW, the opened fd checked to be inside, bounded reads).
 """
 
@@ -59,6 +60,7 @@ REASONS = (
     "duplicate_document",  # the same normalised text as an earlier document
     "unreadable",  # the file or folder cannot be read (permissions, an I/O error)
     "malformed_row",  # a line of a JSON Lines table that is not one JSON object
+    "linked_folder",  # a symlink to a folder inside the corpus: not followed (loops)
     "boilerplate",  # every block of it repeats across the corpus's documents (Boilerplate)
 )
 
@@ -427,8 +429,13 @@ def iter_folder(root: str | Path, max_bytes: int) -> Iterator[RawDocument]:
         raise CorpusError(str(err)) from None
     for e in walk_folder(real_root):
         rel = show(e.rel).strip("'")
-        if e.kind in ("dir", "link_dir"):
-            continue  # a folder's files come as their own entries; a linked folder could loop
+        if e.kind == "dir":
+            continue  # a folder's files come as their own entries
+        if e.kind == "link_dir":  # not followed (it could loop), but never silently
+            yield RawDocument(rel, reject=Rejected(rel, "linked_folder", (
+                f"a symlink to the folder {e.detail!r} inside the corpus: not followed "
+                "(its files are read under their own path)")))
+            continue
         if e.kind != "file":
             yield RawDocument(rel, reject=Rejected(rel, _WALK_REASONS[e.kind], _walk_detail(e)))
             continue

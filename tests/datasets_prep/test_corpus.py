@@ -126,6 +126,23 @@ def test_a_corpus_that_cannot_work_is_one_sentence(tmp_path):
         ingest(str(tmp_path / "a.docx"))
 
 
+def test_a_folder_symlink_is_counted_not_skipped_silently(tmp_path):
+    """Issue #37: `loop -> .` was skipped without a word; it is a counted rejection now."""
+    root = tmp_path / "corpus"
+    (root / "sub").mkdir(parents=True)
+    (root / "paris.txt").write_text(PARIS + "\n")
+    (root / "sub" / "bees.txt").write_text(BEES + "\n")
+    (root / "loop").symlink_to(".")
+    (root / "again").symlink_to("sub")
+    res = ingest(str(root))
+    assert sorted(d.source for d in res.documents) == ["paris.txt", "sub/bees.txt"]
+    why = {r.source: (r.reason, r.detail) for r in res.rejected}
+    assert set(why) == {"loop", "again"}
+    assert why["loop"][0] == why["again"][0] == "linked_folder"
+    assert "'.'" in why["loop"][1] and "'sub'" in why["again"][1]
+    assert res.seen == 4  # every path of the folder: read, or counted with its reason
+
+
 # ----------------------------------------------------------------- HTML as a reader sees it
 SPHINX_PAGE = Path("/usr/share/doc/python3.11/html/library/json.html")  # python3.11-doc (setup.sh)
 
