@@ -202,10 +202,12 @@ def html_text(data: bytes) -> str:
     navigation and footers (by tag and by ARIA role) and the chrome of Sphinx sites
     (`CHROME_SELECTORS`); every `<pre>` is marked as code so that it stays verbatim.
     A page that names its main content (`<main>`, `role="main"`) is cut to it, its links
-    unwrapped (a table of contents is content there, not a menu). trafilatura then finds
-    the main content (menus, share bars, comments and other boilerplate of sites sandflow
-    knows nothing about); its tree is rendered by `render_blocks`. A page trafilatura finds no main content in (a page of one short
-    paragraph) is rendered whole from the cleaned HTML."""
+    and asides unwrapped (a table of contents and footnotes are content there). trafilatura
+    then finds the main content (menus, share bars, comments and other boilerplate of
+    sites sandflow knows nothing about); its tree is rendered by `render_blocks`. A page
+    trafilatura finds no main content in (a page of one short paragraph), or one over
+    MAX_SEARCH_BYTES, is rendered whole from the cleaned HTML. (trafilatura's search
+    keeps one of identical paragraphs where it recovers text outside an article frame.)"""
     from selectolax.lexbor import LexborHTMLParser
 
     html = decode_text(data)
@@ -226,7 +228,12 @@ def html_text(data: bytes) -> str:
         raise _Reject("extract_failed", f"HTML extraction failed: {type(e).__name__}: {e}") from None
     if not cleaned.strip():
         return ""
-    return "\n\n".join(render_blocks(_main_content(cleaned)))
+    return "\n\n".join(render_blocks(_main_content(cleaned, search=len(cleaned) <= MAX_SEARCH_BYTES)))
+
+
+# trafilatura's main-content search costs ~8 s a MB of HTML here (a 64 MB file: minutes);
+# a larger page (a book in one file) is rendered whole once its chrome is removed.
+MAX_SEARCH_BYTES = 2_000_000
 
 
 # Never a page's content: removed before the main content is looked for. Sphinx (the
@@ -244,19 +251,21 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _main_content(html: str) -> Any:
+def _main_content(html: str, *, search: bool = True) -> Any:
     """trafilatura's main-content tree of `html` (its TEI-like elements: p, head, list,
     item, table, row, cell, code, quote, hi, ref, lb), or lxml's whole body when
-    trafilatura finds none."""
+    trafilatura finds none (or `search` is off)."""
     import lxml.html
     import trafilatura
 
+    doc = None
     try:
-        doc = trafilatura.bare_extraction(
-            html, favor_recall=True, include_comments=False, include_tables=True,
-            include_images=False, include_links=False, deduplicate=False, with_metadata=False,
-            config=_trafilatura_config(),
-        )
+        if search:
+            doc = trafilatura.bare_extraction(
+                html, favor_recall=True, include_comments=False, include_tables=True,
+                include_images=False, include_links=False, deduplicate=False, with_metadata=False,
+                config=_trafilatura_config(),
+            )
     except Exception:  # its heuristics on odd markup: the whole cleaned page instead
         doc = None
     body = getattr(doc, "body", None)

@@ -227,3 +227,16 @@ def test_boilerplate_that_repeats_across_documents_is_removed_and_counted(tmp_pa
     assert res.boilerplate["blocks"] == 1 and res.boilerplate["chars"] > 6 * len(footer)
     kept_off = ingest(str(root), boilerplate=Boilerplate(min_share=0))
     assert sum("Example Corp" in p.text for p in kept_off.pieces) == 6
+
+
+def test_a_page_over_the_search_bound_is_rendered_whole_without_its_chrome(monkeypatch):
+    """trafilatura's search costs ~8 s a MB: a larger page is rendered from the cleaned
+    HTML alone, still joined, verbatim and without chrome."""
+    import datasets_prep.corpus as corpus
+
+    page = ("<html><body><nav>Home | Blog</nav><div class='related'>Python \u00bb</div>"
+            + "<p>The <a href='#'>Seine</a> flows <b>through</b> Paris.</p>" * 3
+            + "<pre>def f():\n\n    return 1\n</pre></body></html>").encode()
+    monkeypatch.setattr(corpus, "MAX_SEARCH_BYTES", 100)
+    assert corpus.html_text(page) == "\n\n".join(["The Seine flows through Paris."] * 3
+                                                  + ["def f():\n\n    return 1"])
