@@ -660,11 +660,13 @@ class Boilerplate:
     """Blocks (paragraphs: text between blank lines) that repeat across a corpus's
     documents are boilerplate: a copyright footer, a cookie notice, a "subscribe" box,
     the chrome an extractor did not know. A block is compared with its whitespace and
-    case folded; it is boilerplate when at least `min_docs` documents and at least
-    `min_share` of the corpus's documents hold it. `min_share=0` turns it off."""
+    case folded; it is boilerplate when it has at least `min_words` words (a label such
+    as "Note" or "See also" stays with what it labels) and at least `min_docs` documents
+    and at least `min_share` of the corpus's documents hold it. `min_share=0` turns it off."""
 
     min_share: float = 0.5
     min_docs: int = 3
+    min_words: int = 3
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_share <= 1:
@@ -673,7 +675,8 @@ class Boilerplate:
             raise ValueError(f"boilerplate documents {self.min_docs}: use at least 2")
 
     def __str__(self) -> str:
-        return f"in at least {self.min_docs} documents and {self.min_share:.0%} of them"
+        return (f"a block of {self.min_words}+ words in at least {self.min_docs} documents "
+                f"and {self.min_share:.0%} of them")
 
     @staticmethod
     def _key(block: str) -> str:
@@ -687,7 +690,8 @@ class Boilerplate:
         docs = 0
         for text in texts:
             docs += 1
-            counts.update({k for b in _BLOCK_SEP.split(text) if (k := self._key(b))})
+            counts.update({k for b in _BLOCK_SEP.split(text)
+                           if (k := self._key(b)) and k.count(" ") + 1 >= self.min_words})
         need = max(self.min_docs, math.ceil(self.min_share * docs))
         return frozenset(k for k, c in counts.items() if c >= need)
 

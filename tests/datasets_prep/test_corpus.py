@@ -209,7 +209,7 @@ def test_boilerplate_that_repeats_across_documents_is_removed_and_counted(tmp_pa
     bodies = [PARIS, BEES, "The Rhine rises in the Swiss Alps and flows to the North Sea.",
               "Copper conducts electricity better than iron does, and costs more."]
     for i, body in enumerate(bodies):
-        (root / f"page{i}.txt").write_text(f"{body}\n\n{footer}\n")
+        (root / f"page{i}.txt").write_text(f"See also\n\n{body}\n\n{footer}\n")
     (root / "page4.html").write_text(
         f"<html><body><div><p>{GLACIER}</p></div>{cookie}<div>{footer}</div></body></html>")
     (root / "only_footer.txt").write_text(f"\n{footer}\n")
@@ -217,7 +217,8 @@ def test_boilerplate_that_repeats_across_documents_is_removed_and_counted(tmp_pa
     res = ingest(str(root))
     text = {p.source: p.text for p in res.pieces}
     assert all("Example Corp" not in t for t in text.values())
-    assert text["page0.txt"].strip() == PARIS and GLACIER in text["page4.html"]
+    assert text["page0.txt"].strip() == f"See also\n\n{PARIS}"  # a label is not boilerplate
+    assert GLACIER in text["page4.html"]
     assert "oldest bridge" in text["shared_by_two.txt"]  # in 2 of 7 documents: content
     why = {r.source: (r.reason, r.detail) for r in res.rejected}
     assert why["only_footer.txt"][0] == "boilerplate"
