@@ -254,9 +254,14 @@ def _escape(text: str) -> str:
 def _main_content(html: str, *, search: bool = True) -> Any:
     """trafilatura's main-content tree of `html` (its TEI-like elements: p, head, list,
     item, table, row, cell, code, quote, hi, ref, lb), or lxml's whole body when
-    trafilatura finds none (or `search` is off)."""
+    trafilatura finds none (or `search` is off). Its log lines ("discarding data: None")
+    name no file and are kept off the terminal: what it could not use is counted here."""
+    import logging
+
     import lxml.html
     import trafilatura
+
+    logging.getLogger("trafilatura").setLevel(logging.ERROR)
 
     doc = None
     try:
