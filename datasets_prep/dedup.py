@@ -84,7 +84,9 @@ class Contamination:
             raise ValueError(f"n-gram size {n}: use at least 1")
         self.n = n
         self._grams: dict[str, str] = {}
-        self._short: dict[int, dict[str, str]] = {}  # words -> {normalised item: set}
+        # short items (2+ words) by their first two words: [(words, normalised item, set)]
+        self._short: dict[str, list[tuple[int, str, str]]] = {}
+        self._short_seen: set[str] = set()
         self._whole: dict[str, str] = {}  # one-word items: the whole text must be it
         self.sets: list[str] = []
 
@@ -107,8 +109,9 @@ class Contamination:
                 size = u.count(" ") + 1
                 if size == 1:
                     self._whole.setdefault(u, name)
-                else:
-                    self._short.setdefault(size, {}).setdefault(u, name)
+                elif u not in self._short_seen:
+                    self._short_seen.add(u)
+                    self._short.setdefault(" ".join(u.split(" ", 2)[:2]), []).append((size, u, name))
         self.sets.append(name)
         return len(self) - before
 
@@ -118,18 +121,16 @@ class Contamination:
             hit = self._grams.get(g)
             if hit is not None:
                 return f"{hit}: shares the {self.n}-gram {g!r}"
-        for size, items in self._short.items():
-            for i in range(len(tokens) - size + 1):
-                g = " ".join(tokens[i : i + size])
-                hit = items.get(g)
-                if hit is not None:
-                    return f"{hit}: holds its {size}-word item {g!r} (an exact match: under {self.n} words)"
+        for i in range(len(tokens) - 1):
+            for size, item, hit in self._short.get(f"{tokens[i]} {tokens[i + 1]}", ()):
+                if i + size <= len(tokens) and " ".join(tokens[i : i + size]) == item:
+                    return f"{hit}: holds its {size}-word item {item!r} (an exact match: under {self.n} words)"
         if len(tokens) == 1 and (hit := self._whole.get(tokens[0])) is not None:
             return f"{hit}: is its one-word item {tokens[0]!r}"
         return None
 
     def __len__(self) -> int:
-        return len(self._grams) + sum(map(len, self._short.values())) + len(self._whole)
+        return len(self._grams) + len(self._short_seen) + len(self._whole)
 
 
 def dedup(
