@@ -179,7 +179,7 @@ class Build:
         report = StageReport("ingest", key, res.seen, len(res.documents), reasons_count(res.rejected),
                              {"pieces": str(out)},
                              {"corpus": corpus, "pieces": len(res.pieces), "piece_tokens": piece_tokens,
-                              "text_column": text_column})
+                              "text_column": text_column, "boilerplate": res.boilerplate})
         return self._finish(report, items)
 
     def pieces(self) -> list[Piece]:

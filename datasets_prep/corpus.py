@@ -16,15 +16,20 @@ A document that cannot be used never stops the build and never vanishes: it is
 counted with one reason (`REASONS`) and a detail naming it. A folder is walked
 without following anything: a symlink that leads outside the folder is refused
 (`unsafe_path`), a symlink to a file inside is read as that file, a symlink to a folder
-is skipped (its files are read under their own names), and files are opened through
+is not followed (it could loop: `loop -> .`) and is counted as `linked_folder` (its
+files are read under their own names), and files are opened through
 datasets_prep.paths (O_NOFOLLOW, the opened fd checked to be inside, bounded reads).
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
+import math
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +60,8 @@ REASONS = (
     "duplicate_document",  # the same normalised text as an earlier document
     "unreadable",  # the file or folder cannot be read (permissions, an I/O error)
     "malformed_row",  # a line of a JSON Lines table that is not one JSON object
+    "linked_folder",  # a symlink to a folder inside the corpus: not followed (loops)
+    "boilerplate",  # every block of it repeats across the corpus's documents (Boilerplate)
 )
 
 TEXT_SUFFIXES = frozenset({".txt", ".text", ".md", ".markdown", ".rst", ".org", ".tex", ".csv", ".tsv"})
@@ -68,7 +75,6 @@ BINARY_SUFFIXES = frozenset(
 
 CHARS_PER_TOKEN = 4  # the token estimate of the budget: documented, model independent
 DEFAULT_PIECE_TOKENS = 1024
-_HTML_DROP = ("script", "style", "noscript", "template", "svg", "head", "nav", "footer")
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,9 @@ class IngestResult:
     documents: list[Document] = field(default_factory=list)
     pieces: list[Piece] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
+    # cross-document boilerplate removed: the rule, distinct blocks, blocks removed,
+    # characters removed, documents touched (Boilerplate)
+    boilerplate: dict[str, Any] = field(default_factory=dict)
 
     @property
     def seen(self) -> int:
@@ -125,11 +134,13 @@ def estimate_tokens(text: str) -> int:
 
 
 def normalise(text: str) -> str:
-    """ftfy's repairs (mojibake, curly quotes kept, NFC), unified newlines, no NUL."""
+    """ftfy's repairs (mojibake, NFC), unified newlines, no NUL. Curly quotes are kept
+    (ftfy straightens them by default): the text stays as a reader sees it, so evidence
+    quoted from the page as shown is found in it."""
     import ftfy
 
     text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
-    return ftfy.fix_text(text, normalization="NFC")
+    return ftfy.fix_text(text, normalization="NFC", uncurl_quotes=False)
 
 
 def doc_id_of(text: str) -> str:
@@ -183,21 +194,181 @@ def decode_text(data: bytes) -> str:
 
 
 def html_text(data: bytes) -> str:
-    """The readable text of an HTML page (selectolax/lexbor; scripts, styles, navigation
-    and the head left out; block elements end lines)."""
+    """The main content of an HTML page as a reader sees it: one block a paragraph
+    (heading, list item, table row) with its inline text joined, `<pre>` verbatim, and
+    the site's chrome left out.
+
+    selectolax (lexbor) first removes what is never content: scripts, styles, the head,
+    navigation and footers (by tag and by ARIA role) and the chrome of Sphinx sites
+    (`CHROME_SELECTORS`); every `<pre>` is marked as code so that it stays verbatim.
+    A page that names its main content (`<main>`, `role="main"`) is cut to it, its links
+    and asides unwrapped (a table of contents and footnotes are content there). trafilatura
+    then finds the main content (menus, share bars, comments and other boilerplate of
+    sites sandflow knows nothing about); its tree is rendered by `render_blocks`. A page
+    trafilatura finds no main content in (a page of one short paragraph), or one over
+    MAX_SEARCH_BYTES, is rendered whole from the cleaned HTML. (trafilatura's search
+    keeps one of identical paragraphs where it recovers text outside an article frame.)"""
     from selectolax.lexbor import LexborHTMLParser
 
     html = decode_text(data)
     try:
         tree = LexborHTMLParser(html)
-        for tag in _HTML_DROP:
-            for node in tree.css(tag):
-                node.decompose()
-        root = tree.body or tree.root
-        text = root.text(separator="\n", strip=True) if root is not None else ""
+        for node in tree.css(", ".join(CHROME_SELECTORS)):
+            node.decompose()
+        for pre in tree.css("pre"):  # one span: trafilatura keeps it as code, verbatim
+            pre.inner_html = "<span>" + _escape(pre.text(deep=True)) + "</span>"
+        main = tree.css_first("[role=main]") or tree.css_first("main")
+        if main is not None:  # the page names its content: all of it is, link lists too
+            for node in main.css("a, aside"):  # asides there are footnotes and side notes
+                node.unwrap()
+            cleaned = "<html><body>" + (main.html or "") + "</body></html>"
+        else:
+            cleaned = tree.html or ""
     except Exception as e:  # lexbor on hostile markup: counted, never fatal
         raise _Reject("extract_failed", f"HTML extraction failed: {type(e).__name__}: {e}") from None
-    return re.sub(r"\n{3,}", "\n\n", text)
+    if not cleaned.strip():
+        return ""
+    return "\n\n".join(render_blocks(_main_content(cleaned, search=len(cleaned) <= MAX_SEARCH_BYTES)))
+
+
+# trafilatura's main-content search costs ~8 s a MB of HTML here (a 64 MB file: minutes);
+# a larger page (a book in one file) is rendered whole once its chrome is removed.
+MAX_SEARCH_BYTES = 2_000_000
+
+
+# Never a page's content: removed before the main content is looked for. Sphinx (the
+# Python documentation and most project documentation) puts its chrome in classed divs,
+# not in <nav>/<footer>: the breadcrumb bar, the sidebar, the footer and the "¶" links.
+CHROME_SELECTORS = (
+    "script", "style", "noscript", "template", "svg", "head", "nav", "footer",
+    "form", "button", "iframe", "[hidden]", "[aria-hidden=true]",
+    "[role=navigation]", "[role=search]", "[role=contentinfo]", "[role=banner]",
+    "div.related", "div.sphinxsidebar", "div.footer", "a.headerlink",
+)  # fmt: skip
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _main_content(html: str, *, search: bool = True) -> Any:
+    """trafilatura's main-content tree of `html` (its TEI-like elements: p, head, list,
+    item, table, row, cell, code, quote, hi, ref, lb), or lxml's whole body when
+    trafilatura finds none (or `search` is off). Its log lines ("discarding data: None")
+    name no file and are kept off the terminal: what it could not use is counted here."""
+    import logging
+
+    import lxml.html
+    import trafilatura
+
+    logging.getLogger("trafilatura").setLevel(logging.ERROR)
+
+    doc = None
+    try:
+        if search:
+            doc = trafilatura.bare_extraction(
+                html, favor_recall=True, include_comments=False, include_tables=True,
+                include_images=False, include_links=False, deduplicate=False, with_metadata=False,
+                config=_trafilatura_config(),
+            )
+    except Exception:  # its heuristics on odd markup: the whole cleaned page instead
+        doc = None
+    body = getattr(doc, "body", None)
+    if body is not None and len(body):
+        return body
+    try:
+        root = lxml.html.document_fromstring(html)
+    except Exception as e:
+        raise _Reject("extract_failed", f"HTML extraction failed: {type(e).__name__}: {e}") from None
+    found = root.find("body")
+    return found if found is not None else root
+
+
+@functools.lru_cache(maxsize=1)
+def _trafilatura_config() -> Any:
+    """trafilatura's defaults without its signal-based timeout (ingest may run in a
+    worker thread) and with no minimum size: a short page is content too."""
+    from trafilatura.settings import DEFAULT_CONFIG
+
+    cfg = copy.deepcopy(DEFAULT_CONFIG)
+    cfg["DEFAULT"]["EXTRACTION_TIMEOUT"] = "0"
+    cfg["DEFAULT"]["MIN_EXTRACTED_SIZE"] = "1"
+    cfg["DEFAULT"]["MIN_OUTPUT_SIZE"] = "1"
+    return cfg
+
+
+# Elements that start a block of their own: trafilatura's output vocabulary and HTML's.
+_BLOCKS = frozenset(
+    ["p", "head", "quote", "item", "list", "table", "row", "cell", "main", "body", "doc", "div", "h1", "h2", "h3", "h4", "h5", "h6", "li", "ul", "ol", "dl", "dt", "dd", "tr", "td", "th", "thead", "tbody", "tfoot", "caption", "blockquote", "section", "article", "header", "figure", "figcaption", "address", "details", "summary", "hr", "center"]
+)
+_ROWS = frozenset({"row", "tr"})
+_BREAKS = frozenset({"lb", "br"})
+
+
+def render_blocks(root: Any) -> list[str]:
+    """The blocks of an element tree as a reader sees them: a block's inline text joined
+    with its whitespace folded (a line break only at <br>), code (`<pre>`, or
+    trafilatura's block `<code>`) verbatim, a table row's cells on one line."""
+    out: list[str] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        text = "".join(run)
+        run.clear()
+        joined = "\n".join(" ".join(line.split()) for line in text.split("\x01"))
+        joined = joined.strip()
+        if joined:
+            out.append(joined)
+
+    def inline(el: Any) -> None:  # an inline element's text into the current run
+        if el.tag in _BREAKS:
+            run.append("\x01")
+        else:
+            run.append(el.text or "")
+            for child in el:
+                if isinstance(child.tag, str):
+                    inline(child)
+                run.append(child.tail or "")
+
+    def is_code_block(el: Any, before: str) -> bool:
+        if el.tag == "pre":
+            return True
+        return el.tag == "code" and not before.strip() and not (el.tail or "").strip()
+
+    def block(el: Any) -> None:
+        if el.tag in _ROWS:
+            flush()
+            cells = []
+            for cell in el:
+                if isinstance(cell.tag, str):
+                    inline(cell)
+                    cells.append(" ".join("".join(run).replace("\x01", " ").split()))
+                    run.clear()
+            line = " | ".join(c for c in cells if c)
+            if line:
+                out.append(line)
+            return
+        run.append(el.text or "")
+        for child in el:
+            if not isinstance(child.tag, str):  # a comment or processing instruction
+                run.append(child.tail or "")
+                continue
+            if is_code_block(child, "".join(run)):
+                flush()
+                code = "".join(child.itertext()).strip("\n")
+                if code.strip():
+                    out.append(code)
+            elif child.tag in _BLOCKS:
+                flush()
+                block(child)
+                flush()
+            else:
+                inline(child)
+            run.append(child.tail or "")
+        flush()
+
+    block(root)
+    return out
 
 
 def pdf_text(data: bytes, max_pages: int = 2000) -> str:
@@ -272,8 +443,13 @@ def iter_folder(root: str | Path, max_bytes: int) -> Iterator[RawDocument]:
         raise CorpusError(str(err)) from None
     for e in walk_folder(real_root):
         rel = show(e.rel).strip("'")
-        if e.kind in ("dir", "link_dir"):
-            continue  # a folder's files come as their own entries; a linked folder could loop
+        if e.kind == "dir":
+            continue  # a folder's files come as their own entries
+        if e.kind == "link_dir":  # not followed (it could loop), but never silently
+            yield RawDocument(rel, reject=Rejected(rel, "linked_folder", (
+                f"a symlink to the folder {e.detail!r} inside the corpus: not followed "
+                "(its files are read under their own path)")))
+            continue
         if e.kind != "file":
             yield RawDocument(rel, reject=Rejected(rel, _WALK_REASONS[e.kind], _walk_detail(e)))
             continue
@@ -422,8 +598,13 @@ def ingest(
     max_doc_bytes: int | None = None,
     limit: int | None = None,
     progress: Callable[[int], None] | None = None,
+    boilerplate: Boilerplate | None = None,
 ) -> IngestResult:
-    """Read a corpus into pieces; every document ends up in `documents` or `rejected`."""
+    """Read a corpus into pieces; every document ends up in `documents` or `rejected`.
+
+    Two passes: every document is read and normalised first, then the blocks that repeat
+    across the corpus's documents (`Boilerplate`; `Boilerplate(min_share=0)` keeps them)
+    are removed, and then documents get their ids, duplicates are found and pieces cut."""
     if piece_tokens < 16:
         raise CorpusError(f"piece tokens {piece_tokens}: use at least 16")
     check_source(source)
@@ -433,7 +614,7 @@ def ingest(
         else iter_folder(source, max_bytes)
     )
     out = IngestResult()
-    seen: dict[str, str] = {}
+    texts: list[tuple[str, str]] = []  # (source, normalised text), in corpus order
     for n, doc in enumerate(raw):
         if limit is not None and n >= limit:
             break
@@ -446,15 +627,94 @@ def ingest(
         if not text.strip():
             out.rejected.append(Rejected(doc.source, "empty", "no text after extraction"))
             continue
+        texts.append((doc.source, text))
+    rule = boilerplate if boilerplate is not None else Boilerplate()
+    repeated = rule.find(t for _, t in texts)
+    removed: dict[str, Any] = {"rule": str(rule), "blocks": len(repeated), "removed": 0, "chars": 0,
+                               "documents": 0}
+    seen: dict[str, str] = {}
+    for src, text in texts:
+        if repeated:
+            stripped, n_removed = rule.strip(text, repeated)
+            if n_removed:
+                removed["removed"] += n_removed
+                removed["chars"] += len(text) - len(stripped)
+                removed["documents"] += 1
+                if not stripped.strip():
+                    out.rejected.append(Rejected(
+                        src, "boilerplate", f"every block of it repeats across the corpus ({rule})"))
+                    continue
+                text = stripped
         did = doc_id_of(text)
         if did in seen:
-            out.rejected.append(Rejected(doc.source, "duplicate_document", f"same text as {seen[did]}"))
+            out.rejected.append(Rejected(src, "duplicate_document", f"same text as {seen[did]}"))
             continue
-        seen[did] = doc.source
-        pieces = split_pieces(did, doc.source, text, piece_tokens)
+        seen[did] = src
+        pieces = split_pieces(did, src, text, piece_tokens)
         out.pieces.extend(pieces)
-        out.documents.append(Document(doc.source, did, len(text), len(pieces)))
+        out.documents.append(Document(src, did, len(text), len(pieces)))
+    out.boilerplate = removed
     return out
+
+
+_BLOCK_SEP = re.compile(r"\n[ \t]*\n\s*")
+
+
+@dataclass(frozen=True)
+class Boilerplate:
+    """Blocks (paragraphs: text between blank lines) that repeat across a corpus's
+    documents are boilerplate: a copyright footer, a cookie notice, a "subscribe" box,
+    the chrome an extractor did not know. A block is compared with its whitespace and
+    case folded; it is boilerplate when it has at least `min_words` words (a label such
+    as "Note" or "See also" stays with what it labels) and at least `min_docs` documents
+    and at least `min_share` of the corpus's documents hold it. `min_share=0` turns it off."""
+
+    min_share: float = 0.5
+    min_docs: int = 3
+    min_words: int = 3
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_share <= 1:
+            raise ValueError(f"boilerplate share {self.min_share}: use a number in [0, 1]")
+        if self.min_docs < 2:
+            raise ValueError(f"boilerplate documents {self.min_docs}: use at least 2")
+
+    def __str__(self) -> str:
+        return (f"a block of {self.min_words}+ words in at least {self.min_docs} documents "
+                f"and {self.min_share:.0%} of them")
+
+    @staticmethod
+    def _key(block: str) -> str:
+        return " ".join(block.split()).lower()
+
+    def find(self, texts: Iterable[str]) -> frozenset[str]:
+        """The folded blocks that repeat across `texts` by this rule."""
+        if self.min_share == 0:
+            return frozenset()
+        counts: Counter[str] = Counter()
+        docs = 0
+        for text in texts:
+            docs += 1
+            counts.update({k for b in _BLOCK_SEP.split(text)
+                           if (k := self._key(b)) and k.count(" ") + 1 >= self.min_words})
+        need = max(self.min_docs, math.ceil(self.min_share * docs))
+        return frozenset(k for k, c in counts.items() if c >= need)
+
+    def strip(self, text: str, repeated: frozenset[str]) -> tuple[str, int]:
+        """`text` without the blocks of `repeated` (the blank lines around them folded),
+        and how many blocks went."""
+        parts = _BLOCK_SEP.split(text)
+        seps = _BLOCK_SEP.findall(text)
+        kept: list[str] = []
+        n = 0
+        for i, block in enumerate(parts):
+            if self._key(block) in repeated:
+                n += 1
+                continue
+            if kept:
+                kept.append(seps[i - 1] if i - 1 < len(seps) else "\n\n")
+            kept.append(block)
+        return "".join(kept), n
 
 
 def reasons_count(rejected: Iterable[Rejected]) -> dict[str, int]:

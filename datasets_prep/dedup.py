@@ -10,7 +10,8 @@ The clean stage of an RL data build, kept pure (text in, verdicts out):
   `near_duplicate` of it. Candidates from the LSH are confirmed on the estimate, so a
   band collision alone never drops an item;
 * **contaminated**: an item sharing any word n-gram (13 by default, the usual
-  decontamination rule) with a task of the evaluation sets the user names.
+  decontamination rule) with a task of the evaluation sets the user names, or holding
+  one of their items shorter than that, exactly (normalised words; `Contamination`).
 
 Every item gets exactly one verdict, in a fixed order (contamination first: a
 contaminated item is dropped as such even when it also duplicates another).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import string
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -66,33 +68,69 @@ class Verdict:
 
 
 class Contamination:
-    """The word n-grams of named evaluation sets; `match(text)` names the set it overlaps."""
+    """What named evaluation sets hold; `match(text)` names the set `text` overlaps.
+
+    Two rules. An evaluation item of at least `n` words is caught by any shared word
+    n-gram (13 by default, the usual rule). A shorter one (26 of the 60 `math` questions
+    have under 13 words: "Divide 18026 by 2.") has no n-gram at all: it is caught by an
+    exact match of its normalised words (case and punctuation folded) anywhere in the
+    text. Short units are each item's lines and the whole item; a line that more than
+    half of a set's items share (of four or more: "Give your final answer in
+    \\boxed{}.") is the set's template, not an item, and is left out. A one-word item
+    matches only a text that is that word."""
 
     def __init__(self, n: int = DEFAULT_NGRAM) -> None:
         if n < 1:
             raise ValueError(f"n-gram size {n}: use at least 1")
         self.n = n
         self._grams: dict[str, str] = {}
+        # short items (2+ words) by their first two words: [(words, normalised item, set)]
+        self._short: dict[str, list[tuple[int, str, str]]] = {}
+        self._short_seen: set[str] = set()
+        self._whole: dict[str, str] = {}  # one-word items: the whole text must be it
         self.sets: list[str] = []
 
     def add(self, name: str, texts: Iterable[str]) -> int:
-        """Add the n-grams of `texts` under the set `name`; returns how many were new."""
-        before = len(self._grams)
+        """Add the n-grams and the short items of `texts` under the set `name`; returns
+        how many n-grams and short items were new."""
+        before = len(self)
+        per_item: list[set[str]] = []
         for text in texts:
-            for g in ngrams(words(text), self.n):
+            tokens = words(text)
+            for g in ngrams(tokens, self.n):
                 self._grams.setdefault(g, name)
+            units = {" ".join(w) for line in [*text.splitlines(), text]
+                     if 0 < len(w := words(line)) < self.n}
+            per_item.append(units)
+        shared = Counter(u for units in per_item for u in units)
+        template = {u for u, c in shared.items() if len(per_item) >= 4 and c * 2 > len(per_item)}
+        for units in per_item:
+            for u in units - template:
+                size = u.count(" ") + 1
+                if size == 1:
+                    self._whole.setdefault(u, name)
+                elif u not in self._short_seen:
+                    self._short_seen.add(u)
+                    self._short.setdefault(" ".join(u.split(" ", 2)[:2]), []).append((size, u, name))
         self.sets.append(name)
-        return len(self._grams) - before
+        return len(self) - before
 
     def match(self, text: str) -> str | None:
-        for g in ngrams(words(text), self.n):
+        tokens = words(text)
+        for g in ngrams(tokens, self.n):
             hit = self._grams.get(g)
             if hit is not None:
                 return f"{hit}: shares the {self.n}-gram {g!r}"
+        for i in range(len(tokens) - 1):
+            for size, item, hit in self._short.get(f"{tokens[i]} {tokens[i + 1]}", ()):
+                if i + size <= len(tokens) and " ".join(tokens[i : i + size]) == item:
+                    return f"{hit}: holds its {size}-word item {item!r} (an exact match: under {self.n} words)"
+        if len(tokens) == 1 and (hit := self._whole.get(tokens[0])) is not None:
+            return f"{hit}: is its one-word item {tokens[0]!r}"
         return None
 
     def __len__(self) -> int:
-        return len(self._grams)
+        return len(self._grams) + len(self._short_seen) + len(self._whole)
 
 
 def dedup(

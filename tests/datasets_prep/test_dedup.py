@@ -45,3 +45,41 @@ def test_bad_parameters_are_refused():
         dedup([("a", "x")], threshold=0)
     with pytest.raises(ValueError, match="n-gram"):
         Contamination(n=0)
+
+
+def test_every_built_in_suite_question_pasted_into_a_question_is_caught():
+    """Issue #37: 26 of the 60 `math` questions have fewer than 13 words, so no 13-gram
+    of theirs exists and, pasted verbatim, none was caught. The short ones are caught by
+    an exact (normalised) match; the sets are loaded and added as the clean stage does."""
+    from datagen.build import _task_text
+    from datasets_prep.prepare import load_taskset
+    from datasets_prep.suites import SUITES
+
+    c = Contamination()
+    questions: list[tuple[str, str]] = []
+    for name in SUITES:
+        ts = load_taskset(name)
+        c.add(name, (_task_text(t) for t in ts.tasks))
+        questions += [(f"{name}/{t.id}", str(t.metadata.get("question") or t.problem_statement))
+                      for t in ts.tasks]
+    assert sum(1 for _, q in questions if len(q.split()) < 13) >= 26
+    missed = [qid for qid, q in questions
+              if c.match(f"From the document, answer this: {q.upper()}\nThe answer is 42.") is None]
+    assert missed == []
+    hit = c.match("Please work out: Divide 18026 by 2!")
+    assert hit is not None and "exact match" in hit
+    # what is not an evaluation item stays clean: a question of a corpus, and a set's
+    # template line that more than half of its items share
+    assert c.match("Which river flows through Paris for thirteen kilometres?") is None
+    only_math = Contamination()
+    only_math.add("math", (_task_text(t) for t in load_taskset("math").tasks))
+    assert only_math.match("What is 2 + 2? Give your final answer in \\boxed{}.") is None
+
+
+def test_a_short_evaluation_item_is_an_exact_match_only():
+    c = Contamination()
+    c.add("tiny", ["What is 7 times 6?", "Paris"])
+    assert c.match("Quick one. WHAT IS 7 TIMES 6 ?") is not None
+    assert c.match("What is 7 times 60?") is None  # the words, not a prefix of them
+    assert c.match("paris") is not None  # a one-word item: the whole text only
+    assert c.match("The Seine flows through Paris.") is None
