@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -164,24 +165,27 @@ def plan_slots(pieces: Sequence[Piece], n: int, types: Sequence[str]) -> list[Sl
     return [Slot(p, i, types[i % len(types)]) for p in pieces for i in range(n)]
 
 
-FLUSH_EVERY = 16  # replies written to the cache file between flushes
-
-
 class ReplyCache:
-    """Replies by request hash, in a JSONL file (appended; the last line of a key wins)."""
+    """Replies by request hash, in a JSONL file (appended; the last line of a key wins).
+
+    Each reply is paid for, so `put` makes it durable before it returns: written, flushed
+    and fsynced, so the slot that asked counts it done only once a kill -9 (or a power
+    cut) can no longer lose it. A buffer of 16 replies lost 12-13 paid replies to a kill
+    -9 during synthesis, each asked (and paid) again on the resume (issue #37). The fsync
+    costs a few milliseconds against a model call of seconds; it runs outside the lock,
+    so the other slots' writes are not held up by it."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._data: dict[str, dict[str, Any]] = {}
         self._file: Any = None
-        self._unflushed = 0
         if path is not None and path.is_file():
             for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
                     row = json.loads(line)
                 except ValueError:
-                    continue  # a line cut by a crash: that slot is asked again
+                    continue  # a line cut by a crash (only a reply not yet put): asked again
                 if isinstance(row, dict) and isinstance(row.get("key"), str):
                     self._data[row["key"]] = row
 
@@ -195,17 +199,26 @@ class ReplyCache:
 
     def put(self, row: dict[str, Any]) -> None:
         line = json.dumps(row, ensure_ascii=False) + "\n"
+        fd = None
         with self._lock:
             self._data[row["key"]] = row
             if self.path is not None:
                 if self._file is None:  # one handle for the whole stage, not an open per reply
                     self.path.parent.mkdir(parents=True, exist_ok=True)
+                    new = not self.path.exists()
                     self._file = self.path.open("a", encoding="utf-8")
+                    if new:  # the file's name durable too, not only its bytes
+                        _fsync_dir(self.path.parent)
+                    elif not _ends_a_line(self.path):  # a line cut by a crash: end it, or
+                        self._file.write("\n")  # the next reply would be glued to it and lost
                 self._file.write(line)
-                self._unflushed += 1
-                if self._unflushed >= FLUSH_EVERY:  # a crash loses at most these replies:
-                    self._file.flush()  # they are asked again on the next run
-                    self._unflushed = 0
+                self._file.flush()  # in the kernel: a kill -9 of this process loses nothing
+                fd = os.dup(self._file.fileno())  # fsync outside the lock, on a handle of its own
+        if fd is not None:
+            try:
+                os.fsync(fd)  # on the disk: an OS crash loses nothing either
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         with self._lock:
@@ -334,6 +347,28 @@ def synthesize(
         cache.close()
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _ends_a_line(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _judge(slot: Slot, row: dict[str, Any], cached: bool) -> SlotOutcome:
