@@ -92,9 +92,14 @@ def _key(*parts: Any) -> str:
 
 
 def build_id_for(out: Path) -> str:
-    """A build id from the folder's name, safe as a warehouse run id."""
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", out.resolve().name).strip("-._") or "build"
-    return f"data-{name}"[:100]
+    """A build id from the folder's name and a hash of its absolute path, safe as a warehouse
+    run id. The name alone gave /x/a/rl_data and /x/b/rl_data one id, and in a shared
+    warehouse the second build silently replaced the first's funnel and provenance (issue
+    #37); the id is recorded in build.json, so a moved folder keeps its id."""
+    where = out.expanduser().resolve()
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", where.name).strip("-._") or "build"
+    digest = hashlib.sha256(str(where).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"data-{name[:80]}-{digest}"
 
 
 class Build:

@@ -22,6 +22,7 @@ from datagen.build import Build
 from tasks.model import ModelConfig
 from tests.datagen.corpus_files import BEES, GLACIER, PARIS
 from tests.scripted_model import ScriptedModel, text_reply
+from warehouse import Warehouse
 
 REPO = Path(__file__).resolve().parents[2]
 ANSWER = {"question": "How do honey bees communicate the direction of food?", "answer": "the waggle dance",
@@ -88,3 +89,21 @@ def test_a_reply_line_cut_by_a_crash_does_not_swallow_the_next_reply(tmp_path):
     cache.close()
     again = ReplyCache(path)
     assert again.get("a") and again.get("c") and again.get("b") is None
+
+
+def test_two_builds_in_folders_of_the_same_name_keep_their_own_funnels(tmp_path):
+    wh = tmp_path / "wh"
+    a, b = tmp_path / "a" / "rl_data", tmp_path / "b" / "rl_data"
+    corpus_a = _corpus(tmp_path / "corpus_a")
+    corpus_b = tmp_path / "corpus_b"
+    corpus_b.mkdir()
+    (corpus_b / "one.txt").write_text(BEES + "\n")
+    ba, bb = Build(a, warehouse=wh), Build(b, warehouse=wh)
+    assert ba.build_id != bb.build_id
+    assert ba.build_id.startswith("data-rl_data-") and bb.build_id.startswith("data-rl_data-")
+    ba.ingest(str(corpus_a))
+    bb.ingest(str(corpus_b))
+    assert Build(a).build_id == ba.build_id  # recorded in the folder: the same build next time
+    with Warehouse(wh).query() as q:
+        rows = q.rows("SELECT build_id, items_in FROM data_funnel WHERE stage = 'ingest' ORDER BY items_in")
+    assert rows == [(bb.build_id, 1), (ba.build_id, 5)]
