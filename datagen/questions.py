@@ -276,8 +276,8 @@ def _sentences_at(text: str, start: int, end: int) -> str:
     left = 0
     for m in _SENTENCE_END.finditer(text, 0, start):
         left = m.end()
-    m = _SENTENCE_END.search(text, end)
-    return text[left:m.end() if m else len(text)]
+    right = _SENTENCE_END.search(text, end)
+    return text[left:right.end() if right else len(text)]
 
 
 def supported(answer_text: str, evidence: str, context: str) -> str | None:

@@ -44,6 +44,7 @@ from datagen.budget import BuildBudget
 from datagen.questions import TYPES, Invalid, Question, check, json_schema
 from datasets_prep.convert import build_prompt, context_files, documents_note, slug
 from datasets_prep.corpus import Piece
+from datasets_prep.rows import LIS_RL_DEFAULT_DOMAIN
 from datasets_prep.task import DOCUMENTS_DIR, Task, make_task
 from tasks.model import ModelClient, ModelConfig, ModelError
 
@@ -385,7 +386,7 @@ def _judge(slot: Slot, row: dict[str, Any], cached: bool) -> SlotOutcome:
 
 def question_task(
     q: Question, piece: Piece, *, model: str, template_version: str, build_id: str,
-    domain: str = "general", input_dir: str = DOCUMENTS_DIR,
+    domain: str = LIS_RL_DEFAULT_DOMAIN, input_dir: str = DOCUMENTS_DIR,
 ) -> Task:
     """A checked question as a sandbox task: the piece as a file, the question in the prompt,
     provenance (document, span, generator, prompt version) in the metadata."""

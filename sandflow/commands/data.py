@@ -37,6 +37,9 @@ _BUILD_ID = typer.Option(None, "--build-id", help="Build id in the warehouse (de
 _MODEL = typer.Option(None, "--model", "-m", help="Model name (default: SANDFLOW_MODEL; the embedded model).")
 _BASE_URL = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (default: SANDFLOW_BASE_URL; none: the embedded model).")
 _VERBOSE = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs.")
+_DOMAIN_HELP = ("The tasks' domain. LLM-in-Sandbox-RL's reward routes instruct_pretrain (the default: "
+                "context-based questions), long_context, math, physics, chem, biomed and instruct_follow; "
+                "a training step on a row of any other domain fails there.")
 _DEPRECATED_DECONTAMINATE = typer.Option(None, "--decontaminate", hidden=True,
                                          help="Deprecated name of --decontaminate-against.")
 _RETIRED_D = typer.Option(None, "-d", hidden=True, help="Retired: was --decontaminate (read like a domain).")
@@ -175,6 +178,18 @@ def _show(reports: list[dict[str, Any]], out: str, build_id: str, warehouse: str
     for r in reports:
         for name, path in r.get("outputs", {}).items():
             con.print(f"  {r['stage']}: {name} -> {path}", markup=False, highlight=False, soft_wrap=True)
+    for r in reports:  # what the export says about its rows: LIS-RL's routes, an empty build
+        info = r.get("info") or {}
+        lis_rl = info.get("lis_rl") or {}
+        routes = [f"{d} ({v['rows']} rows): " + (f"routed, {v['route']}" if v["route"] else "NO ROUTE")
+                  for d, v in lis_rl.get("domains", {}).items()]
+        if routes:
+            con.print("LLM-in-Sandbox-RL's reward: " + "; ".join(routes), markup=False, highlight=False,
+                      soft_wrap=True)
+        for key in ("warning", "empty"):
+            text = lis_rl.get(key) if key == "warning" else info.get(key)
+            if text:
+                con.print(f"{key}: {text}", markup=False, highlight=False, soft_wrap=True)
     con.print(f'SQL: sandflow sql -w {warehouse} "SELECT * FROM data_funnel WHERE build_id = \'{build_id}\'"',
             markup=False, highlight=False, soft_wrap=True)
 
@@ -259,7 +274,7 @@ def cmd_synth(
     template: str = typer.Option(None, "--template", help="A prompt template file (default: datagen/templates/questions.v1.yaml)."),
     temperature: float = typer.Option(0.7, "--temperature"),
     max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
-    domain: str = typer.Option("general", "--domain", help="The tasks' domain."),
+    domain: str = typer.Option("instruct_pretrain", "--domain", help=_DOMAIN_HELP),
     build_id: str = _BUILD_ID,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -360,7 +375,7 @@ def cmd_build(
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Generator calls and episodes at once."),
     max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1),
     max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
-    domain: str = typer.Option("general", "--domain"),
+    domain: str = typer.Option("instruct_pretrain", "--domain", help=_DOMAIN_HELP),
     build_id: str = _BUILD_ID,
     prices: str = typer.Option(
         None, "--prices",
