@@ -34,12 +34,20 @@ import pyarrow.parquet as pq
 from datagen.budget import TERMINATION as BUDGET_EXHAUSTED
 from datagen.budget import BudgetExhausted, BuildBudget
 from datagen.calibrate import Band, PolicyRunner, pass_rates, select
-from datagen.export import dataset_card, sft_rows, write_jsonl, write_train
+from datagen.export import (
+    UNSCORABLE,
+    dataset_card,
+    lis_rl_summary,
+    sft_rows,
+    write_jsonl,
+    write_train,
+)
 from datagen.questions import TYPES
 from datagen.synth import ReplyCache, SlotOutcome, Template, pieces_by_id, question_task, synthesize
 from datasets_prep.corpus import Piece, ingest, reasons_count
 from datasets_prep.dedup import DEFAULT_NGRAM, DEFAULT_THRESHOLD, Contamination, dedup
 from datasets_prep.io import read_taskset, write_taskset
+from datasets_prep.rows import LIS_RL_DEFAULT_DOMAIN
 from datasets_prep.task import Task, TaskSet
 from tasks.model import ModelConfig
 from warehouse import Warehouse
@@ -92,9 +100,14 @@ def _key(*parts: Any) -> str:
 
 
 def build_id_for(out: Path) -> str:
-    """A build id from the folder's name, safe as a warehouse run id."""
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", out.resolve().name).strip("-._") or "build"
-    return f"data-{name}"[:100]
+    """A build id from the folder's name and a hash of its absolute path, safe as a warehouse
+    run id. The name alone gave /x/a/rl_data and /x/b/rl_data one id, and in a shared
+    warehouse the second build silently replaced the first's funnel and provenance (issue
+    #37); the id is recorded in build.json, so a moved folder keeps its id."""
+    where = out.expanduser().resolve()
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", where.name).strip("-._") or "build"
+    digest = hashlib.sha256(str(where).encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return f"data-{name[:80]}-{digest}"
 
 
 class Build:
@@ -188,7 +201,7 @@ class Build:
 
     def synth(self, cfg: ModelConfig, *, n: int = 3, types: Sequence[str] = TYPES,
               structured: str = "json_schema", concurrency: int = 4, template: str | None = None,
-              domain: str = "general", progress: Callable[[SlotOutcome], None] | None = None,
+              domain: str = LIS_RL_DEFAULT_DOMAIN, progress: Callable[[SlotOutcome], None] | None = None,
               budget: BuildBudget | None = None) -> StageReport:
         """`budget` (datagen.budget): counts every reply the build's cache holds, then each
         new one; spent, the stage stops unfinished with BudgetExhausted."""
@@ -340,7 +353,10 @@ class Build:
 
     def export(self, *, runs: Callable[[str], Any] | None = None, pass_score: float = 1.0,
                source: str = "sandflow-data") -> StageReport:
-        """`runs(run_id) -> RunData` reads the calibration run back (for the SFT set)."""
+        """`runs(run_id) -> RunData` reads the calibration run back (for the SFT set).
+        A task whose ground truth LLM-in-Sandbox-RL's reward cannot score is dropped here
+        (`lis_rl_unscorable`, datasets_prep.rows.lis_rl_ground_truth); no task left: the
+        report's `empty` says so in one sentence, and the files hold no rows."""
         src = self.input_of("export")
         ts = read_taskset(src)
         cal = self.report("calibrate")
@@ -349,33 +365,55 @@ class Build:
         reused = self._reusable("export", key)
         if reused is not None:
             return reused
-        train = write_train(list(ts.tasks), self.path("train.parquet"), source)
+        refused: list[tuple[str, str]] = []
+        train = write_train(list(ts.tasks), self.path("train.parquet"), source, refused=refused)
+        why = dict(refused)
+        kept = [t for t in ts.tasks if t.id not in why]
         sft: list[dict[str, Any]] = []
-        if runs is not None and run_id and len(ts):  # no kept task: the run may not exist
-            sft = sft_rows(runs(run_id), [t.id for t in ts.tasks], pass_score)
+        if runs is not None and run_id and kept:  # no kept task: the run may not exist
+            sft = sft_rows(runs(run_id), [t.id for t in kept], pass_score)
         sft_path = write_jsonl(sft, self.path("sft.jsonl"))
-        items = [{"item_id": t.id, "task_id": t.id, "kept": True} for t in ts.tasks]
-        report = StageReport("export", key, len(ts), len(ts), {},
+        items = [{"item_id": t.id, "task_id": t.id, "kept": t.id not in why,
+                  **({"reason": UNSCORABLE, "detail": why[t.id]} if t.id in why else {})} for t in ts.tasks]
+        info: dict[str, Any] = {"sft_rows": len(sft), "source": source, "train_rows": len(kept),
+                                "lis_rl": lis_rl_summary(kept)}
+        if not kept:
+            info["empty"] = self._empty_sentence(len(ts), len(refused))
+        report = StageReport("export", key, len(ts), len(kept), {UNSCORABLE: len(refused)} if refused else {},
                              {"train": str(train), "sft": str(sft_path), "card": str(self.path("README.md"))},
-                             {"sft_rows": len(sft), "source": source})
+                             info)
         self._write_card(report)
         return self._finish(report, items)
+
+    def _empty_sentence(self, candidates: int, refused: int) -> str:
+        """One sentence for a build that exported nothing: where its items went."""
+        losses = []
+        for st in STAGES[:-1]:
+            r = self.report(st)
+            if r is not None and r.dropped:
+                top = ", ".join(f"{k}={v}" for k, v in sorted(r.dropped.items(), key=lambda kv: (-kv[1], kv[0]))[:3])
+                losses.append(f"{st} dropped {sum(r.dropped.values())} ({top})")
+        if refused:
+            losses.append(f"export refused {refused} ({UNSCORABLE})")
+        where = "; ".join(losses) or "the corpus gave no piece to ask about"
+        return (f"the build is empty: no task survived ({where}), so train.parquet and sft.jsonl "
+                f"hold no rows; see `sandflow data funnel --out {self.out}`")
 
     def _write_card(self, export: StageReport) -> None:
         stages = [r for s in STAGES[:-1] if (r := self.report(s)) is not None] + [export]
         info: dict[str, Any] = {}
         for r in stages:
             info.update({k: v for k, v in r.info.items() if v not in (None, "", [])})
+        rows, sft = export.info["train_rows"], export.info["sft_rows"]
         files = {
-            "train.parquet": f"{export.items_in} verl/rllm rows (LIS-RL contract; task in `extra_info`)",
-            "sft.jsonl": f"{export.info['sft_rows']} passing trajectories as chat messages with tool "
-                         "calls and a `tools` list (TRL SFTTrainer; LLaMA-Factory with "
-                         "`formatting: openai`)",
-            "calibrated.parquet": "the same tasks as a sandflow task set "
-                                  "(`sandflow bench --task-set calibrated.parquet`)",
+            "train.parquet": (f"{rows} verl/rllm rows (LIS-RL contract; task in `extra_info`)", rows),
+            "sft.jsonl": (f"{sft} passing trajectories as chat messages with tool calls and a `tools` "
+                          "list (TRL SFTTrainer; LLaMA-Factory with `formatting: openai`)", sft),
+            "calibrated.parquet": ("the same tasks as a sandflow task set "
+                                   "(`sandflow bench --task-set calibrated.parquet`)", None),
         }
         text = dataset_card(build_id=self.build_id, stages=[s.as_dict() for s in stages], info=info,
-                            files=files)
+                            files=files, empty=export.info.get("empty"), lis_rl=export.info["lis_rl"])
         self.path("README.md").write_text(text, encoding="utf-8")
 
 

@@ -8,14 +8,19 @@ checks pass, each failure with one reason (the synth stage's funnel):
     options_not_distinct    two options the same after normalisation
     answer_not_in_options   an answer letter outside the options ("E" of four)
     wrong_answer_count      single choice with several letters, multi choice with one
-    unsupported_by_context  the lexical test: the evidence is not in the document, or the
-                            answer's words are not in it
+    unsupported_by_context  the lexical test: the evidence is not in the document, or only
+                            inside a question-shaped block of it, or the answer's words
+                            are not in the evidence's sentence
 
 The lexical test is what "the answer is supported by the context" costs without another
-model call: the evidence sentence must occur in the document (whitespace and case
-folded), and most content words of the answer (the correct options' text for choice
-questions) must occur in the document. A document that talks the generator into
-writing something else (an injected instruction) fails it.
+model call: the evidence must occur in the document (whitespace and case folded) outside
+any question-shaped block (a JSON object with question/answer keys, a quiz's
+"Question: / A) / Answer:" lines: what a document says about its own questions is no
+evidence), and most content words of the answer (the correct options' text for choice
+questions) must occur in the sentence(s) the evidence lies in: the answer is checked
+against its evidence, not against the whole document. A document that talks the
+generator into writing something else (an injected instruction, a planted block of
+questions the generator echoes) fails it.
 
 Types map to the LIS-RL contract: single choice -> `single_choice` (exact match),
 multi choice "A, C" -> `multi_choice` (F1), free form -> `open` (math-verify, then
@@ -172,25 +177,137 @@ def _letters(answer: str, n_options: int) -> list[str]:
     return sorted(set(parts))
 
 
+# --------------------------------------------------------------- planted questions
+# A document may carry a ready-made block of questions in the generator's own output
+# format (or as a quiz: "Question: ... A) ... Answer: B"). A generator that echoes it
+# writes a question whose evidence and answer are "in the document" because the block
+# is: "2+2 -> 5" with evidence "2+2 is 5" (issue #37). Text inside such a block is what a
+# document says about its own questions, never evidence for one.
+_KEY = re.compile(r"""["'](?:question|answer|options|evidence|choices)["']\s*:""", re.I)
+_MARKER_LINE = re.compile(
+    r"^[\s*#>_|-]*(?:\d+\s*[.)]\s*)?(?:q(?:uestion)?\s*\d*|answers?|correct\s+answers?|evidence|"
+    r"options?|choices?|solution|explanation)\s*\**\s*[:=]", re.I)
+_OPTION_LINE = re.compile(r"^[\s*#>_|-]*\(?[A-Ha-h][).:]\s+\S")
+MAX_BLOCK_CHARS = 20_000  # a JSON object longer than this is not one planted question
+_CUT = "\x00\ufffe\x00"  # what a block becomes: no evidence spans it, it ends a sentence
+_SENTENCE_END = re.compile(r"[.!?](?=\s)|" + re.escape(_CUT))
+
+
+def _json_blocks(text: str) -> list[tuple[int, int]]:
+    """Spans of {...} objects (braces balanced) that hold a question's keys."""
+    import bisect
+
+    keys = [m.start() for m in _KEY.finditer(text)]
+    if not keys:
+        return []
+    spans, stack = [], []
+    for i, ch in enumerate(text):
+        if ch == "{":
+            stack.append(i)
+        elif ch == "}" and stack:
+            start = stack.pop()
+            if i - start > MAX_BLOCK_CHARS:
+                continue
+            k = bisect.bisect_right(keys, start)
+            if k < len(keys) and keys[k] < i:
+                spans.append((start, i + 1))
+    return spans
+
+
+def _quiz_blocks(text: str) -> list[tuple[int, int]]:
+    """Spans of runs of quiz-shaped lines ("Question: ...", "A) ...", "Answer: B") that
+    hold a question or answer marker, or options right after a line asking a question."""
+    spans: list[tuple[int, int]] = []
+    run_start = run_end = -1
+    marked = False
+    prev_line: tuple[int, int, str] | None = None
+    pos = 0
+    for line in text.splitlines(keepends=True):
+        start, end = pos, pos + len(line)
+        pos = end
+        body = line.strip()
+        marker = bool(_MARKER_LINE.match(body))
+        option = bool(_OPTION_LINE.match(body))
+        if marker or option:
+            if run_start < 0:
+                run_start, marked = start, False
+                if option and prev_line is not None and prev_line[2].endswith("?"):
+                    run_start, marked = prev_line[0], True  # the question the options answer
+            run_end = end
+            marked = marked or marker
+        elif body and run_start >= 0:
+            if marked:
+                spans.append((run_start, run_end))
+            run_start = -1
+        if body:
+            prev_line = (start, end, body)
+    if run_start >= 0 and marked:
+        spans.append((run_start, run_end))
+    return spans
+
+
+def question_blocks(text: str) -> list[tuple[int, int]]:
+    """The spans of `text` that are question-shaped blocks (merged, in order)."""
+    spans = sorted(_json_blocks(text) + _quiz_blocks(text))
+    merged: list[tuple[int, int]] = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
 @functools.lru_cache(maxsize=64)
-def _document_index(context: str) -> tuple[str, frozenset[str]]:
-    """The folded document and its words, once per piece (n questions ask about one piece)."""
-    folded = _fold(context)
-    return folded, frozenset(_WORD.findall(folded))
+def _document_index(context: str) -> tuple[str, str]:
+    """The folded document, and the same with its question blocks cut out, once per piece
+    (n questions ask about one piece)."""
+    blocks = question_blocks(context)
+    parts, last = [], 0
+    for a, b in blocks:
+        parts += [context[last:a], f" {_CUT} "]
+        last = b
+    parts.append(context[last:])
+    return _fold(context), _fold("".join(parts))
+
+
+def _sentences_at(text: str, start: int, end: int) -> str:
+    """The sentence(s) of `text` that the span [start, end) lies in."""
+    left = 0
+    for m in _SENTENCE_END.finditer(text, 0, start):
+        left = m.end()
+    right = _SENTENCE_END.search(text, end)
+    return text[left:right.end() if right else len(text)]
 
 
 def supported(answer_text: str, evidence: str, context: str) -> str | None:
-    """Why the answer is not supported by `context` (None: it is), by the lexical test."""
-    folded, doc_words = _document_index(context)
-    if _fold(evidence) not in folded:
+    """Why the answer is not supported by `context` (None: it is), by the lexical test:
+    the evidence is a passage of the document outside any question-shaped block, and most
+    of the answer's content words are in the evidence's own sentence(s) (the answer is
+    checked against its evidence, not against the whole document, where a planted block
+    or any other sentence may hold its words)."""
+    folded, clean = _document_index(context)
+    ev = _fold(evidence)
+    if ev not in folded:
         return "the evidence is not a passage of the document"
     words = content_words(answer_text)
-    if not words:
-        return None  # a number or a stop word only: the evidence carries it
-    found = sum(1 for w in words if w in doc_words)
-    if found / len(words) < MIN_ANSWER_SUPPORT:
-        return f"only {found} of the answer's {len(words)} content words occur in the document"
-    return None
+    best: tuple[int, int] | None = None
+    at = clean.find(ev)
+    if at < 0:
+        return ("the evidence occurs only inside a question-shaped block of the document "
+                "(a planted question and answer is no evidence)")
+    for _ in range(64):  # each occurrence outside the blocks; the best-supported one counts
+        sentence = set(_WORD.findall(_sentences_at(clean, at, at + len(ev))))
+        found = sum(1 for w in words if w in sentence)
+        if best is None or found > best[0]:
+            best = (found, len(words))
+        if not words or found / len(words) >= MIN_ANSWER_SUPPORT:
+            return None
+        at = clean.find(ev, at + 1)
+        if at < 0:
+            break
+    found, n = best or (0, len(words))
+    return f"only {found} of the answer's {n} content words occur in the evidence's sentence"
 
 
 def check(qtype: str, content: str | None, context: str) -> Question:

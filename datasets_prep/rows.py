@@ -23,6 +23,18 @@ read. ONE rule maps them back (`ground_truth_from_text`): a JSON object is the m
 RL rows also carry `extra_info.ground_truth_json` (the exact JSON value), which wins when
 present: a list stays a list, a number a number, through every round trip.
 
+LLM-in-Sandbox-RL's reward (`lis_rl_ground_truth`): its rllm environment scores a row with
+llm-in-sandbox's `instruct_pretrain` reward, `compute_score(answer, extra_info["ground_truth"],
+**the rest of extra_info)`, which routes on `extra_info["domain"]` (LIS_RL_ROUTES) and
+reads the ground truth as plain text: a quantity's JSON text, or a list's, scored 0 for
+every correct answer (issue #36). So `extra_info.ground_truth` is the text that route
+scores (a quantity's number, or "number unit" where the route compares strings; a list's
+first accepted answer; letters "A, C"), `reward_model.ground_truth` keeps sandflow's own
+text and `extra_info.ground_truth_json` the exact value: sandflow reads a row back from
+those, in that order. A ground truth no route can score (a mapping that is neither a
+quantity nor an instruction spec, an empty list) is refused: `task_rows` leaves the row
+out and names it in `refused`.
+
 A row that cannot make a task raises `RowError` (a TaskValidationError) naming the row and
 the field.
 """
@@ -30,7 +42,10 @@ the field.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable, Iterable, Mapping
+from decimal import Decimal
 from typing import Any
 
 from datasets_prep.task import (
@@ -147,6 +162,78 @@ def metadata_from(value: Any) -> dict[str, Any]:
     return {"value": value}
 
 
+# --------------------------------------------------- LLM-in-Sandbox-RL's reward
+# The domains llm-in-sandbox 0.2.0's `instruct_pretrain` reward routes (on the domain's
+# prefix, lower-cased) and how each scores the answer against the ground-truth text; any
+# other domain fails its assertion, and the training step with it.
+LIS_RL_ROUTES: dict[str, str] = {
+    "math": "math-verify",  # \\boxed{gt} against the answer: numbers, expressions, units ignored
+    "physics": "math-verify",
+    "chem": "exact",  # the whole answer equal (case folded), else one extracted letter
+    "biomed": "exact",
+    "instruct_follow": "ifbench",  # JSON {instruction_id_list, kwargs}; needs an IFBench checkout
+    "instruct_pretrain": "by-qa-type",  # choice letters, else math-verify then ROUGE-L
+    "long_context": "by-qa-type",
+}
+LIS_RL_DEFAULT_DOMAIN = "instruct_pretrain"  # the route of context-based questions
+_ASKS_UNIT = re.compile(r"\bwith (?:its|the|a|their) units?\b|\binclud\w* (?:the |its )?units?\b", re.I)
+_CHOICE_LETTERS = re.compile(r"^\s*[A-Z](\s*,\s*[A-Z])+\s*$")
+
+
+def lis_rl_route(domain: str | None) -> str | None:
+    """How LLM-in-Sandbox-RL's reward scores rows of `domain` (None: it has no route)."""
+    d = (domain or "").lower()
+    return next((how for prefix, how in LIS_RL_ROUTES.items() if d.startswith(prefix)), None)
+
+
+def _number_text(x: float | int) -> str:
+    """A number as plain decimal text ("0.00001", not "1e-05": a LaTeX parser reads it)."""
+    if isinstance(x, int):
+        return str(x)
+    text = format(Decimal(repr(float(x))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def lis_rl_ground_truth(task: Task) -> tuple[str | None, str]:
+    """(the ground-truth text LLM-in-Sandbox-RL's reward scores this task's correct answer
+    right with, a note) or (None, why no text can be). The note names what the text loses
+    ("" when nothing): the reward compares exactly, so a quantity's tolerance and a list's
+    other accepted answers stay with sandflow's verifier (ground_truth_json)."""
+    gt, route = task.ground_truth, lis_rl_route(task.domain)
+    if route is None:  # no route: the text as it is (the export names the domain)
+        return ground_truth_text(gt), ""
+    note = ""
+    if isinstance(gt, list | tuple):
+        items = [g for g in gt if isinstance(g, str | int | float) and not isinstance(g, bool)]
+        if not items or len(items) != len(gt):
+            return None, f"a list ground truth of {len(gt)} item(s) that are not all text or numbers"
+        gt, note = items[0], (f"only the first of {len(items)} accepted answers" if len(items) > 1 else "")
+    if isinstance(gt, dict):
+        if route == "ifbench" and isinstance(gt.get("instruction_id_list"), list):
+            return json.dumps(gt, ensure_ascii=False), note
+        value = gt.get("value")
+        if not _is_number(value) or route == "ifbench":
+            keys = ", ".join(sorted(map(str, gt))) or "no keys"
+            return None, f"a mapping ground truth ({keys}) that its {route} reward cannot read"
+        unit = str(gt.get("unit") or "").strip()
+        text = _number_text(float(value) if isinstance(value, float) else int(value or 0))
+        if route == "exact" and unit and _ASKS_UNIT.search(task.problem_statement):
+            text = f"{text} {unit}"  # compared as a string: the form the prompt asks for
+        tol = [k for k in ("rel_tol", "abs_tol") if gt.get(k)]
+        return text, "; ".join(filter(None, [note, f"exact value only ({tol[0]} not applied)" if tol else ""]))
+    if _is_number(gt):
+        return _number_text(gt), note
+    if isinstance(gt, str):
+        if (task.qa_type or "").lower() in ("multi_choice", "multiple_choice") and _CHOICE_LETTERS.match(gt):
+            gt = ", ".join(x.strip() for x in gt.split(","))  # "A, C": its examples' form
+        return gt, note
+    return None, f"a {type(gt).__name__} ground truth"
+
+
 # ---------------------------------------------------------------------- writing
 def peer_row(task: Task) -> dict[str, Any]:
     """The row llm-in-sandbox reads (id, domain, problem_statement, ground_truth as text,
@@ -164,11 +251,20 @@ def peer_row(task: Task) -> dict[str, Any]:
 
 
 def task_rows(
-    tasks: Iterable[Task], prompt_fn: PromptFn, *, source: str = "sandflow", split: str = "train"
+    tasks: Iterable[Task], prompt_fn: PromptFn, *, source: str = "sandflow", split: str = "train",
+    refused: list[tuple[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """verl/rllm rows. `prompt_fn(task)` gives the chat messages the policy starts from."""
-    rows = []
-    for i, t in enumerate(tasks):
+    """verl/rllm rows. `prompt_fn(task)` gives the chat messages the policy starts from.
+    A task whose ground truth LLM-in-Sandbox-RL's reward cannot score (lis_rl_ground_truth)
+    has no row; `refused` gets (task id, why) for each."""
+    rows: list[dict[str, Any]] = []
+    for t in tasks:
+        lis_rl, why = lis_rl_ground_truth(t)
+        if lis_rl is None:
+            if refused is not None:
+                refused.append((t.id, why))
+            continue
+        i = len(rows)
         messages = [{"role": str(m.get("role")), "content": str(m.get("content") or "")} for m in prompt_fn(t)]
         gt = ground_truth_text(t.ground_truth)
         rows.append(
@@ -188,7 +284,7 @@ def task_rows(
                     "metadata": json.dumps(t.metadata, ensure_ascii=False, default=str),
                     "id": t.id,
                     "problem_statement": t.problem_statement,
-                    "ground_truth": gt,
+                    "ground_truth": lis_rl,  # what LLM-in-Sandbox-RL's reward scores
                     "ground_truth_json": json.dumps(t.ground_truth, ensure_ascii=False, default=str),
                 },
             }
@@ -214,7 +310,7 @@ def row_schema() -> Any:
         # (its `prompt` is a placeholder there).
         pa.field("id", text),
         pa.field("problem_statement", text),
-        pa.field("ground_truth", text),  # text; JSON for structured truths
+        pa.field("ground_truth", text),  # the text LLM-in-Sandbox-RL's reward scores
         pa.field("ground_truth_json", text),  # the exact value, for task_from_row
     ]
     return pa.schema(
@@ -255,13 +351,14 @@ def _ground_truth(row: Mapping[str, Any], info: Mapping[str, Any], where: str, j
             return json.loads(info["ground_truth_json"])
         except (TypeError, json.JSONDecodeError) as exc:
             raise RowError(f"{where}: ground_truth_json is not JSON ({exc})") from None
-    gt = info.get("ground_truth")
+    gt = None
+    for key in ("reward_model", "reward_spec"):  # a trainer row's own copy: sandflow's text (our
+        spec = row.get(key)  # extra_info.ground_truth is the LIS-RL reward's, which may lose detail)
+        if isinstance(spec, Mapping) and spec.get("ground_truth") is not None:
+            gt = spec["ground_truth"]
+            break
     if gt is None:
-        for key in ("reward_model", "reward_spec"):
-            spec = row.get(key)
-            if isinstance(spec, Mapping) and spec.get("ground_truth") is not None:
-                gt = spec["ground_truth"]
-                break
+        gt = info.get("ground_truth")
     gt = _text(gt, where, "ground_truth")
     if json_fields and isinstance(gt, str):
         try:
@@ -337,5 +434,9 @@ __all__ = [
     "metadata_from",
     "task_rows",
     "row_schema",
+    "LIS_RL_ROUTES",
+    "LIS_RL_DEFAULT_DOMAIN",
+    "lis_rl_route",
+    "lis_rl_ground_truth",
     "task_from_row",
 ]

@@ -23,6 +23,7 @@ from datagen.build import Build, BuildError
 from datagen.calibrate import Band, PolicyRunner, engine_policy
 from datagen.questions import TYPES
 from datagen.synth import SlotOutcome, resolve_structured
+from datasets_prep.rows import LIS_RL_DEFAULT_DOMAIN
 from engine import progress
 from tasks.defaults import DEFAULT_MAX_STEPS
 from tasks.model import ModelConfig, api_key_from_env
@@ -60,7 +61,7 @@ def data_ingest_flow(corpus: str, out: str, warehouse: str = DEFAULT_ROOT, text_
 def data_synth_flow(out: str, warehouse: str = DEFAULT_ROOT, model: str | None = None,
                     base_url: str | None = None, questions: int = 3, types: list[str] | None = None,
                     structured: str = "auto", concurrency: int = 4, template: str | None = None,
-                    temperature: float = 0.7, max_tokens: int = 1024, domain: str = "general",
+                    temperature: float = 0.7, max_tokens: int = 1024, domain: str = LIS_RL_DEFAULT_DOMAIN,
                     request_timeout_s: float = 120.0, build_id: str | None = None,
                     max_cost_usd: float | None = None, max_run_tokens: int | None = None,
                     prices: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -145,7 +146,7 @@ def data_build_flow(corpus: str, out: str, spec: RunSpec, questions: int = 3,
                     synth_temperature: float = 0.7, synth_max_tokens: int = 1024,
                     text_column: str = "text", piece_tokens: int = 1024, limit: int | None = None,
                     decontaminate: list[str] | None = None, samples: int = 4, band: str = "auto",
-                    domain: str = "general", calibrate: bool = True,
+                    domain: str = LIS_RL_DEFAULT_DOMAIN, calibrate: bool = True,
                     build_id: str | None = None) -> dict[str, Any]:
     """corpus -> pieces -> questions -> clean -> calibrated -> train/SFT/card, in `out`.
     The generator is the spec's endpoint (the same model writes and, as the base policy,

@@ -19,10 +19,19 @@ import pyarrow.parquet as pq
 
 
 def write_export(rows: list[dict[str, Any]], schema: pa.Schema, path: Path) -> Path:
-    """Write `rows` in `schema` to `path` (zstd), atomically; returns `path`."""
+    """Write `rows` in `schema` to `path` (zstd), atomically; returns `path`.
+
+    No rows: a file with the schema and no row group. pyarrow's writer gave an empty table
+    one row group of 0 rows, on which `datasets` crashes ("ArrowInvalid: BatchSize must be
+    greater than 0", issue #36); without one, pyarrow, pandas and `datasets` streaming read
+    0 rows with every column (a non-streaming `load_dataset` cannot build an empty split
+    from any file: "corresponds to no data")."""
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
+    if table.num_rows:
+        pq.write_table(table, tmp, compression="zstd")
+    else:
+        pq.ParquetWriter(tmp, schema, compression="zstd").close()
     tmp.replace(path)
     return path

@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from sandflow.errors import EXIT_FAILED, EXIT_USAGE, console, fail
+from sandflow.errors import EXIT_FAILED, EXIT_USAGE, console, err_console, fail
 from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
 
 data_app = typer.Typer(
@@ -33,10 +33,16 @@ data_app = typer.Typer(
 
 _OUT = typer.Option(..., "--out", "-o", help="The build's folder (every stage reads and writes here).")
 _WAREHOUSE = typer.Option(None, "--warehouse", "-w", help="Warehouse root (default: SANDFLOW_WAREHOUSE or ./warehouse_data).")
-_BUILD_ID = typer.Option(None, "--build-id", help="Build id in the warehouse (default: data-<folder name>).")
+_BUILD_ID = typer.Option(None, "--build-id", help="Build id in the warehouse (default: data-<folder name>-<hash of its path>, kept in build.json).")
 _MODEL = typer.Option(None, "--model", "-m", help="Model name (default: SANDFLOW_MODEL; the embedded model).")
 _BASE_URL = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (default: SANDFLOW_BASE_URL; none: the embedded model).")
 _VERBOSE = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs.")
+_DOMAIN_HELP = ("The tasks' domain. LLM-in-Sandbox-RL's reward routes instruct_pretrain (the default: "
+                "context-based questions), long_context, math, physics, chem, biomed and instruct_follow; "
+                "a training step on a row of any other domain fails there.")
+_DEPRECATED_DECONTAMINATE = typer.Option(None, "--decontaminate", hidden=True,
+                                         help="Deprecated name of --decontaminate-against.")
+_RETIRED_D = typer.Option(None, "-d", hidden=True, help="Retired: was --decontaminate (read like a domain).")
 
 
 def _bad(msg: str) -> None:
@@ -94,16 +100,31 @@ def _check_band(band: str) -> None:
         _bad(f"--band: {e}")
 
 
-def _decontaminate(values: list[str] | None) -> list[str]:
-    """Each set named must load now (a suite, a task-set file, hf:...), before any model call."""
+_DECONTAMINATE_FLAG = "--decontaminate-against"
+_DECONTAMINATE_HELP = ("Evaluation sets whose questions must not be in the data (a suite, a task-set "
+                       "file, hf:...; repeat or comma list). Not a domain: that is --domain.")
+
+
+def _decontaminate(values: list[str] | None, deprecated: list[str] | None = None,
+                   retired_d: list[str] | None = None) -> list[str]:
+    """Each set named must load now (a suite, a task-set file, hf:...), before any model call.
+    `deprecated`: the same sets given under the old name --decontaminate (its short form -d
+    read like a domain: `-d math`; issue #36), still taken, with one line saying so."""
     from datasets_prep.prepare import load_taskset
 
-    names = [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
+    if retired_d:  # `-d math` meant "domain math" to some readers and decontaminated silently
+        _bad(f"-d {retired_d[0]!r}: -d is no longer a flag; for evaluation sets to decontaminate "
+             f"against use {_DECONTAMINATE_FLAG} {retired_d[0]}, for the tasks' domain --domain")
+    if deprecated:
+        err_console().print(
+            f"note: --decontaminate is deprecated; use {_DECONTAMINATE_FLAG} (the same sets)",
+            markup=False, highlight=False, soft_wrap=True)
+    names = [n.strip() for v in [*(values or []), *(deprecated or [])] for n in v.split(",") if n.strip()]
     for name in names:
         try:
             load_taskset(name)
         except Exception as e:  # the loader's own sentence names the file or suite
-            _bad(f"--decontaminate {name!r}: {e}")
+            _bad(f"{_DECONTAMINATE_FLAG} {name!r}: {e}")
     return names
 
 
@@ -140,18 +161,35 @@ def _show(reports: list[dict[str, Any]], out: str, build_id: str, warehouse: str
     from rich.table import Table
 
     t = Table(title=f"data build {build_id} ({out})", title_justify="left")
-    for c, j in (("stage", "left"), ("in", "right"), ("out", "right"), ("dropped", "right"),
-                 ("dropped by reason", "left"), ("", "left")):
+    # a "reused" column only when a stage was reused: a column of nothing but blanks (and a
+    # blank header) was printed on every first build (issue #36, "Small")
+    reused = any(r.get("reused") for r in reports)
+    columns = [("stage", "left"), ("in", "right"), ("out", "right"), ("dropped", "right"),
+               ("dropped by reason", "left")] + ([("reused", "left")] if reused else [])
+    for c, j in columns:
         t.add_column(c, justify=j)  # type: ignore[arg-type]
     for r in reports:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(r["dropped"].items(), key=lambda kv: (-kv[1], kv[0])))
-        t.add_row(r["stage"], str(r["items_in"]), str(r["items_out"]), str(sum(r["dropped"].values())),
-                  reasons or "-", "reused" if r.get("reused") else "")
+        cells = [r["stage"], str(r["items_in"]), str(r["items_out"]), str(sum(r["dropped"].values())),
+                 reasons or "-"]
+        t.add_row(*cells, *(["reused" if r.get("reused") else "-"] if reused else []))
     con = console()
     con.print(t)
     for r in reports:
         for name, path in r.get("outputs", {}).items():
             con.print(f"  {r['stage']}: {name} -> {path}", markup=False, highlight=False, soft_wrap=True)
+    for r in reports:  # what the export says about its rows: LIS-RL's routes, an empty build
+        info = r.get("info") or {}
+        lis_rl = info.get("lis_rl") or {}
+        routes = [f"{d} ({v['rows']} rows): " + (f"routed, {v['route']}" if v["route"] else "NO ROUTE")
+                  for d, v in lis_rl.get("domains", {}).items()]
+        if routes:
+            con.print("LLM-in-Sandbox-RL's reward: " + "; ".join(routes), markup=False, highlight=False,
+                      soft_wrap=True)
+        for key in ("warning", "empty"):
+            text = lis_rl.get(key) if key == "warning" else info.get(key)
+            if text:
+                con.print(f"{key}: {text}", markup=False, highlight=False, soft_wrap=True)
     con.print(f'SQL: sandflow sql -w {warehouse} "SELECT * FROM data_funnel WHERE build_id = \'{build_id}\'"',
             markup=False, highlight=False, soft_wrap=True)
 
@@ -236,7 +274,7 @@ def cmd_synth(
     template: str = typer.Option(None, "--template", help="A prompt template file (default: datagen/templates/questions.v1.yaml)."),
     temperature: float = typer.Option(0.7, "--temperature"),
     max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
-    domain: str = typer.Option("general", "--domain", help="The tasks' domain."),
+    domain: str = typer.Option("instruct_pretrain", "--domain", help=_DOMAIN_HELP),
     build_id: str = _BUILD_ID,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -255,7 +293,9 @@ def cmd_synth(
 def cmd_clean(
     out: str = _OUT,
     warehouse: str = _WAREHOUSE,
-    decontaminate: list[str] = typer.Option(None, "--decontaminate", "-d", help="Evaluation sets to decontaminate against (suite, task-set file, hf:...; repeat or comma list)."),
+    decontaminate: list[str] = typer.Option(None, _DECONTAMINATE_FLAG, help=_DECONTAMINATE_HELP),
+    decontaminate_old: list[str] = _DEPRECATED_DECONTAMINATE,
+    retired_d: list[str] = _RETIRED_D,
     ngram: int = typer.Option(13, "--ngram", min=1, help="Word n-gram overlap that counts as contamination."),
     threshold: float = typer.Option(0.8, "--threshold", min=0.01, max=1.0, help="Near-duplicate Jaccard threshold (MinHash)."),
     build_id: str = _BUILD_ID,
@@ -263,7 +303,7 @@ def cmd_clean(
 ) -> None:
     """Exact and near-duplicate questions removed; questions overlapping evaluation sets removed."""
     _check_out(out)
-    sets = _decontaminate(decontaminate)
+    sets = _decontaminate(decontaminate, decontaminate_old, retired_d)
     s, bid, where = _stage(out, build_id, warehouse=warehouse)
     _run("data_clean_flow", where, out, str(s.warehouse), verbose=verbose,
          decontaminate=sets, ngram=ngram, threshold=threshold, build_id=bid)
@@ -326,14 +366,16 @@ def cmd_build(
     text_column: str = typer.Option("text", "--text-column"),
     piece_tokens: int = typer.Option(1024, "--piece-tokens"),
     limit: int = typer.Option(None, "--limit", help="At most this many documents."),
-    decontaminate: list[str] = typer.Option(None, "--decontaminate", "-d", help="Evaluation sets to decontaminate against."),
+    decontaminate: list[str] = typer.Option(None, _DECONTAMINATE_FLAG, help=_DECONTAMINATE_HELP),
+    decontaminate_old: list[str] = _DEPRECATED_DECONTAMINATE,
+    retired_d: list[str] = _RETIRED_D,
     samples: int = _SAMPLES,
     band: str = _BAND,
     calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate", help="Run the base policy (needs the sandbox)."),
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Generator calls and episodes at once."),
     max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1),
     max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
-    domain: str = typer.Option("general", "--domain"),
+    domain: str = typer.Option("instruct_pretrain", "--domain", help=_DOMAIN_HELP),
     build_id: str = _BUILD_ID,
     prices: str = typer.Option(
         None, "--prices",
@@ -355,7 +397,7 @@ def cmd_build(
     """The whole path: corpus -> pieces -> questions -> clean -> calibrated -> train data + card.
 
     [bold]Examples[/]
-      sandflow data build ./docs_in --out ./rl_data --base-url http://gpu:8000/v1 --model Qwen3 -d math
+      sandflow data build ./docs_in --out ./rl_data --base-url http://gpu:8000/v1 --model Qwen3 --decontaminate-against math
       sandflow data build corpus.jsonl --text-column body --out ./rl_data -k 8 --band 0.2:0.8
     """
     _check_out(out)
@@ -363,7 +405,7 @@ def cmd_build(
     type_list = _types(types)
     _check_synth(structured, template, questions)
     _check_band(band)
-    sets = _decontaminate(decontaminate)
+    sets = _decontaminate(decontaminate, decontaminate_old, retired_d)
     from sandflow.commands.pipeline import _budget_priced, _prices
 
     s, bid, where = _stage(out, build_id, warehouse=warehouse, model=model, base_url=base_url, prices=_prices(prices))

@@ -40,7 +40,7 @@ def test_synthesis_stops_on_the_budget_and_a_higher_one_finishes(tmp_path, gen, 
     def build(*budget: str):
         return runner.invoke(app, ["data", "build", str(corpus), "--out", str(out), "--warehouse",
                                    str(tmp_path / "wh"), "--base-url", gen.url, "--model", "scripted",
-                                   "-d", eval_set, "--no-calibrate", "-c", "1", "--build-id", "budget-build",
+                                   "--decontaminate-against", eval_set, "--no-calibrate", "-c", "1", "--build-id", "budget-build",
                                    "--prices", str(prices), *budget])  # fmt: skip
 
     # 15 slots, one call at a time: 4 replies cost $0.018, the 5th $0.0225 >= $0.02

@@ -22,6 +22,19 @@ def gen():
         yield server
 
 
+def assert_no_blank_column(output: str) -> None:
+    """Every column of the funnel table has a header and at least one non-blank cell (a
+    blank trailing column was printed on every first build: issue #36, "Small")."""
+    lines = [ln for ln in output.splitlines() if ln.startswith(("┃", "│"))]
+    assert lines, output
+    cells = [[c.strip() for c in ln.strip("┃│").replace("┃", "│").split("│")] for ln in lines]
+    widths = {len(c) for c in cells}
+    assert len(widths) == 1, cells
+    for i in range(widths.pop()):
+        column = [row[i] for row in cells]
+        assert column[0] and any(column[1:]), (i, column, output)
+
+
 def _base(gen, tmp_path):
     return ["--out", str(tmp_path / "out"), "--warehouse", str(tmp_path / "wh"),
             "--base-url", gen.url, "--model", "scripted"]
@@ -37,8 +50,13 @@ def test_bad_input_is_one_sentence_exit_2_before_any_model_call(tmp_path, gen, c
         (["data", "build", str(corpus), *_base(gen, tmp_path), "--types", "essay"], "--types 'essay'"),
         (["data", "build", str(corpus), *_base(gen, tmp_path), "--band", "0.9:0.1"], "LOW <= HIGH"),
         (["data", "build", str(corpus), *_base(gen, tmp_path), "--structured", "xml"], "--structured 'xml'"),
-        (["data", "build", str(corpus), *_base(gen, tmp_path), "-d", "no-such-suite"],
-         "--decontaminate 'no-such-suite'"),
+        (["data", "build", str(corpus), *_base(gen, tmp_path), "--decontaminate-against", "no-such-suite"],
+         "--decontaminate-against 'no-such-suite'"),
+        # `-d math` read like a domain and decontaminated silently (issue #36): retired, one sentence
+        (["data", "build", str(corpus), *_base(gen, tmp_path), "-d", "math"],
+         "-d is no longer a flag; for evaluation sets to decontaminate against use "
+         "--decontaminate-against math, for the tasks' domain --domain"),
+        (["data", "clean", "--out", str(tmp_path / "out"), "-d", "math"], "-d is no longer a flag"),
         (["data", "build", str(corpus), *_base(gen, tmp_path), "--template", str(tmp_path / "t.yaml")],
          "prompt template"),
         (["data", "build", str(corpus), *_base(gen, tmp_path), "--template", str(tmp_path / "bad.yaml")],
@@ -58,9 +76,10 @@ def test_bad_input_is_one_sentence_exit_2_before_any_model_call(tmp_path, gen, c
 @pytest.mark.usefixtures("prefect_harness")
 def test_the_whole_build_through_the_cli_without_calibration(tmp_path, gen, corpus, eval_set):  # noqa: F811
     out = tmp_path / "out"
-    res = runner.invoke(app, ["data", "build", str(corpus), *_base(gen, tmp_path), "-d", eval_set,
-                              "--no-calibrate", "--build-id", "cli-build"])
+    res = runner.invoke(app, ["data", "build", str(corpus), *_base(gen, tmp_path),
+                              "--decontaminate-against", eval_set, "--no-calibrate", "--build-id", "cli-build"])
     assert res.exit_code == 0, res.output
+    assert_no_blank_column(res.output)
     assert "data build cli-build" in res.output and "data_funnel" in res.output
     rows = pq.read_table(out / "train.parquet").to_pylist()
     assert len(rows) == 4
@@ -77,9 +96,13 @@ def test_the_whole_build_through_the_cli_without_calibration(tmp_path, gen, corp
         ("calibrate", 4, 4, True), ("export", 4, 4, True)]
     # the same build again: every stage reused, no model call
     n = len(gen.requests)
-    res = runner.invoke(app, ["data", "build", str(corpus), *_base(gen, tmp_path), "-d", eval_set,
+    # (under the old flag name: still taken, with one deprecation line)
+    res = runner.invoke(app, ["data", "build", str(corpus), *_base(gen, tmp_path), "--decontaminate", eval_set,
                               "--no-calibrate", "--build-id", "cli-build"])
     assert res.exit_code == 0 and len(gen.requests) == n and res.output.count("reused") >= 3
+    assert "--decontaminate is deprecated; use --decontaminate-against" in res.output
+    assert_no_blank_column(res.output)
+    assert "contaminated=1" in res.output  # the old name still decontaminates
     res = runner.invoke(app, ["sql", "-w", str(tmp_path / "wh"), "--format", "json",
                               "SELECT stage, items_in, items_out, consistent FROM data_funnel"])
     assert res.exit_code == 0, res.output

@@ -81,9 +81,13 @@ def test_exported_rows_carry_the_whole_task_for_rllm_and_keep_verl_fields(tmp_pa
         assert entry["qa_type"] == task.qa_type
         assert entry["input_files"] == task.input_files
         assert isinstance(entry["ground_truth"], str)
-        assert entry["ground_truth"] == row["reward_model"]["ground_truth"]
-    assert _rllm_entry(ds[0]["extra_info"])["ground_truth"] == "42"
-    assert json.loads(_rllm_entry(ds[1]["extra_info"])["ground_truth"]) == tasks[1].ground_truth
+    # the entry's ground truth is the text LIS-RL's reward scores (a quantity's number: its
+    # JSON text scored 0 for every right answer, issue #36); verl's reward_model keeps
+    # sandflow's own text, and ground_truth_json the exact value
+    assert _rllm_entry(ds[0]["extra_info"])["ground_truth"] == "42" == ds[0]["reward_model"]["ground_truth"]
+    assert _rllm_entry(ds[1]["extra_info"])["ground_truth"] == "3"
+    assert json.loads(ds[1]["reward_model"]["ground_truth"]) == tasks[1].ground_truth
+    assert json.loads(ds[1]["extra_info"]["ground_truth_json"]) == tasks[1].ground_truth
 
 
 def test_rows_round_trip_into_sandflow_tasks(tmp_path: Path) -> None:
