@@ -27,6 +27,7 @@ from datasets_prep.rows import (
     task_rows,
 )
 from datasets_prep.task import Task
+from tasks.replies import text_too_deep
 from tasks.tools import TOOL_SCHEMAS
 from warehouse.exports import write_export
 from warehouse.rundata import RunData
@@ -61,10 +62,14 @@ def lis_rl_summary(tasks: Sequence[Task]) -> dict[str, Any]:
 
 
 def _arguments(text: str | None) -> Any:
-    """Tool-call arguments as an object (chat templates render them with tojson)."""
+    """Tool-call arguments as an object (chat templates render them with tojson); text
+    that is not JSON, or nests deeper than the one reader allows, stays text."""
+    raw = text or "{}"
+    if text_too_deep(raw):
+        return raw
     try:
-        value = json.loads(text or "{}")
-    except ValueError:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
         return text or ""
     return value
 
