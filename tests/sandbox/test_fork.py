@@ -296,3 +296,44 @@ def test_a_message_queue_is_counted_not_carried(make_config: Callable[..., Sandb
             assert child.fork_info is not None
             assert child.fork_info.skipped.get("message_queues") == 1, child.fork_info
             assert child.exec("cat /testbed/a; ls /dev/mqueue").stdout == "kept\n"
+
+
+SPARSE = (  # 200 MiB apparent, one 4-byte block of data in its middle
+    "truncate -s 200M /tmp/sparse && printf data | "
+    "dd of=/tmp/sparse bs=1 seek=$((100 << 20)) conv=notrunc status=none"
+)
+
+
+@pytest.mark.parametrize("road", ["pipes", "host"])
+def test_a_sparse_file_stays_sparse_in_every_child(
+    make_config: Callable[..., SandboxConfig], road: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #37: a sparse file under the fork's bound became its apparent size of real
+    memory (tmpfs) in each child. Now its holes stay holes on every road: by pipes GNU tar
+    --sparse (and the bound counts the bytes a file holds, so a fork bound of 64 MB takes a
+    200 MB file holding 4 KB), through the host the child skips the zeros the relay sends."""
+    from sandbox import fork as fork_mod
+
+    with _open(make_config("fork-sparse")) as parent:
+        if road == "host":
+            if _on_volumes(parent):
+                pytest.skip("a fork on volumes is a snapshot: no road through the host")
+            monkeypatch.setattr(fork_mod, "_takes_pipes", lambda box: False)
+        else:
+            parent.copy_limits = CopyLimits(max_bytes=64 << 20)  # under the apparent size
+        r = parent.exec(SPARSE)
+        assert r.exit_code == 0, r.stderr
+        children = parent.fork(2)
+        for child in children:
+            with child:
+                method = "snapshot" if _on_volumes(parent) else road
+                assert child.fork_info is not None and child.fork_info.method == method
+                r = child.exec(
+                    "stat -c '%s %b %B' /tmp/sparse; "
+                    "dd if=/tmp/sparse bs=1 skip=$((100 << 20)) count=4 status=none; echo; "
+                    "cmp -s -n 4096 /tmp/sparse /dev/zero && echo zeros"
+                )
+                size, blocks, unit = r.stdout.split("\n")[0].split()
+                assert int(size) == 200 << 20, r.stdout
+                assert int(blocks) * int(unit) <= 1 << 20, f"the child holds it whole: {r.stdout}"
+                assert r.stdout.split("\n")[1:3] == ["data", "zeros"], r.stdout
