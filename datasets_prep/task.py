@@ -96,6 +96,21 @@ def check_file_name(name: str) -> str:
     return name
 
 
+def check_file_tree(names: Iterable[str]) -> None:
+    """Names that can all be placed: none is both a file and the folder of another
+    (`{"a": ..., "a/b": ...}` fails in every sandbox). ValueError naming both paths."""
+    files = set(names)
+    for name in sorted(files):
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if folder in files:
+                raise ValueError(
+                    f"input file {folder!r} is also the folder of input file {name!r}: a path "
+                    "cannot be both a file and a folder, so rename one of them"
+                )
+
+
 def content_size(content: str | bytes) -> int:
     """Bytes a file will take in the sandbox (UTF-8 for text)."""
     if isinstance(content, bytes) or content.isascii():  # isascii is O(1) in CPython
@@ -244,6 +259,7 @@ class Task(BaseModel):
             total += size
         if total > lim.max_task_bytes:
             raise ValueError(L.over_limit("input files total", total, "max_task_bytes", "per task"))
+        check_file_tree(files)
         return files
 
     @model_validator(mode="after")

@@ -29,7 +29,7 @@ from engine.budget import RunBudget, budget_for
 from engine.cancel import token_for
 from engine.plan import EpisodeSpec
 from engine.retry import EpisodeCancelled, InfraFailure, is_retryable
-from engine.slots import SANDBOX_LIMIT, GlobalLimit, shared_client, slot
+from engine.slots import SANDBOX_LIMIT, GlobalLimit, GlobalLimitUnavailable, shared_client, slot
 from tasks.records import NullRecorder, Recorder, Spend
 from tasks.spec import RunSpec
 
@@ -214,7 +214,13 @@ def attempt(spec: EpisodeSpec, run: RunSpec, global_limit: GlobalLimit | None = 
     if token.is_set():
         raise EpisodeCancelled(f"episode {spec.key} not started: {token.reason or 'the run was cancelled'}")
     progress.started(spec.key)
-    out = run_one(spec, run, global_limit)
+    try:
+        out = run_one(spec, run, global_limit)
+    except GlobalLimitUnavailable as exc:  # the orchestrator's hiccup: no episode started
+        progress.attempt_failed(spec.key)
+        raise InfraFailure(
+            f"episode {spec.key} ({spec.task.id}, {spec.mode}): not started: {exc}", run_id=spec.run_id
+        ) from None
     if out.termination in ("interrupted", "budget_exhausted") and token.is_set():
         raise EpisodeCancelled(f"episode {spec.key} stopped: {token.reason or 'the run was cancelled'}")
     if is_retryable(out.termination):

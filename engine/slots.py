@@ -15,6 +15,7 @@ engine itself knows no orchestrator.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,8 +28,14 @@ SANDBOX_LIMIT = "sandflow-sandboxes"
 MODEL_LIMIT = "sandflow-model-calls"
 
 # (name of the limit, seconds the caller may wait or None) -> a context manager holding
-# one unit; raises SlotTimeout (or TimeoutError) when none came free in time.
+# one unit; raises SlotTimeout (or TimeoutError) when none came free in time. Any other
+# error while taking the unit is its service failing (an orchestrator's API answering 500
+# while its database restarts): GlobalLimitUnavailable, an infrastructure failure the
+# run's retry policy retries. An error giving the unit back is logged, never the
+# episode's: the service expires what it lent (Prefect: the slot's lease).
 GlobalLimit = Callable[[str, float | None], AbstractContextManager[Any]]
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _semaphores: dict[tuple[str, int], threading.BoundedSemaphore] = {}
@@ -45,6 +52,37 @@ def semaphore(name: str, limit: int) -> threading.BoundedSemaphore:
 
 class SlotTimeout(TimeoutError):
     """No unit of a bounded resource came free within the time the caller had left."""
+
+
+class GlobalLimitUnavailable(RuntimeError):
+    """The service behind a global limit failed while a unit was being taken (engine.episode
+    turns it into an InfraFailure: retried under the run's RetryPolicy)."""
+
+
+def _enter_global(name: str, limit: AbstractContextManager[Any], timeout_s: float | None) -> None:
+    try:
+        limit.__enter__()
+    except TimeoutError:
+        raise SlotTimeout(f"the global limit {name!r} had no free slot within {timeout_s:.1f}s") from None
+    except Exception as exc:
+        raise GlobalLimitUnavailable(
+            f"the global limit {name!r} could not be taken (its service failed): "
+            f"{type(exc).__name__}: {str(exc)[:300]}"
+        ) from exc
+
+
+def _exit_global(name: str, limit: AbstractContextManager[Any]) -> Callable[..., bool]:
+    def exit_(et: Any, ev: Any, tb: Any) -> bool:
+        try:
+            return bool(limit.__exit__(et, ev, tb))
+        except Exception as exc:
+            if exc is ev:  # the body's own error, passed through
+                raise
+            log.warning("the global limit %r was not given back (%s: %s); its service expires it",
+                        name, type(exc).__name__, str(exc)[:300])  # fmt: skip
+            return False
+
+    return exit_
 
 
 @contextlib.contextmanager
@@ -70,12 +108,9 @@ def slot(
             stack.callback(sem.release)
         if global_name and global_limit is not None:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                stack.enter_context(global_limit(global_name, left))
-            except TimeoutError:
-                raise SlotTimeout(
-                    f"the global limit {global_name!r} had no free slot within {timeout_s:.1f}s"
-                ) from None
+            held = global_limit(global_name, left)
+            _enter_global(global_name, held, timeout_s)
+            stack.push(_exit_global(global_name, held))
         yield
 
 
@@ -103,6 +138,8 @@ class LimitedClient(ModelClient):
                     f"waited {time.monotonic() - t0:.1f}s for a model-call slot "
                     f"(--max-model-calls {self.max_calls}), all held by other episodes: {exc}"
                 ) from None
+            except GlobalLimitUnavailable as exc:  # the call was never made: infrastructure
+                raise ModelError(f"no model call made: {exc}") from None
             yield None if timeout_s is None else timeout_s - (time.monotonic() - t0)
 
 

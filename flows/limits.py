@@ -5,6 +5,11 @@ processes and flows (Dask workers, several runs on one host) Prefect global conc
 limits do the same when a Prefect server is configured: `prefect gcl create
 sandflow-sandboxes --limit N` (and `sandflow-model-calls`). Without a server, or without
 the limit, this is a no-op (strict=False), and the in-process semaphore still holds.
+
+When the server fails while a slot is taken (its database restarting: HTTP 500) the engine
+calls that an infrastructure failure and retries the episode (engine.slots,
+GlobalLimitUnavailable); a slot whose release failed is logged and comes free when its
+lease (LEASE_S) runs out.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from engine.slots import MODEL_LIMIT, SANDBOX_LIMIT
 
 __all__ = ["MODEL_LIMIT", "SANDBOX_LIMIT", "prefect_limit"]
 
+LEASE_S = 60.0
+
 
 @contextlib.contextmanager
 def prefect_limit(name: str, timeout_s: float | None) -> Iterator[None]:
@@ -26,5 +33,7 @@ def prefect_limit(name: str, timeout_s: float | None) -> Iterator[None]:
         return
     from prefect.concurrency.sync import concurrency
 
-    with concurrency(name, occupy=1, strict=False, timeout_seconds=timeout_s):
+    # the shortest lease the server grants (renewed while held): a slot whose release
+    # failed (the server's database away for a moment) comes free within a minute, not five
+    with concurrency(name, occupy=1, strict=False, timeout_seconds=timeout_s, lease_duration=LEASE_S):
         yield

@@ -62,6 +62,9 @@ class SandboxLimits(BaseModel):
         (), description="NAME=ADDRESS lines for the egress proxy's resolver (local listeners)"
     )
     tmp_size_mb: int = Field(1024, ge=16, description="size bound of writable scratch space")
+    shm_size_mb: int = Field(
+        64, ge=1, description="size bound of /dev/shm (POSIX shared memory and semaphores)"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -269,6 +269,10 @@ class BwrapSandbox(HelperSandbox):
         # the IPC namespace's POSIX message queues, visible (as with docker) so a pooled
         # sandbox's reset can remove them (sandbox/pool.py)
         argv += ["--mqueue", "/dev/mqueue"]
+        # POSIX shared memory (multiprocessing's locks and shared_memory, joblib, a torch
+        # DataLoader): as docker's, a 1777 tmpfs of shm_size_mb (bwrap's /dev has only
+        # a root-owned folder there)
+        argv += ["--perms", "1777", "--size", str(lim.shm_size_mb << 20), "--tmpfs", "/dev/shm"]
         if self.volumes is not None:  # the box's own subvolume (bwrap adds nosuid, nodev)
             top = self.volumes.path(self.id)
             for place, path in zip(volumes.PLACES, self._place_paths(), strict=True):

@@ -169,6 +169,7 @@ class DockerSandbox(HelperSandbox):
             # would encode and write every byte of it to disk (and halve file-read speed)
             log_config=LogConfig(type=LogConfig.types.NONE),
             runtime=self.config.runtime,  # None: the engine's default
+            shm_size=lim.shm_size_mb << 20,  # /dev/shm, 1777 (the engine's default is 64 MB)
             tmpfs={
                 "/tmp": f"{size},mode=1777,exec",
                 HOME: f"{owned},exec",

@@ -6,7 +6,8 @@ red on stderr (never a traceback as the only clue), and exits with one of these 
     0    done
     1    EXIT_FAILED       the work ran and failed: a query, a check that found bad files, a
                            `flows`/`bench` step (whatever stopped it, bad input included: the
-                           flow found it while running)
+                           flow found it while running), a `flows run`/`bench` run with
+                           episodes that failed after their retries
     2    EXIT_USAGE        bad input caught before any work: a flag, a file, a source, a
                            setting; nothing was changed
     3    EXIT_INFRA        the model endpoint or the sandbox failed mid-episode (`sandflow run`);

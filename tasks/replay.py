@@ -13,8 +13,12 @@ branched at the same turn share one prefix. The new episode records the parent's
 What counts as the same observation (the rule, docs/rl.md "Replay"):
   compared exactly: exit code, timed out, OOM-killed, the tool error (e.g. "unknown tool");
   compared after masking: the text (`VARYING` below, applied to both sides: durations,
-  clock times and dates, epoch seconds, process ids, mktemp / tempfile names, memory
-  addresses, a container's 12-hex host name), plus any patterns the caller adds;
+  clock times and dates, epoch seconds within a day of when that side ran, process ids,
+  mktemp / tempfile names, memory addresses in object reprs), plus any patterns the
+  caller adds. Each mask needs the shape *and* the context its rule names: a bare `0x...`
+  value, 12 hex digits, a 10-digit number far from the side's clock, `process N` or an
+  integer followed by ` s` is data, compared (a sandbox's host name is `sandbox` on both
+  backends: nothing to mask);
   never compared: duration_s (wall time).
 A divergence names the turn and the call and shows a bounded unified diff of the masked
 text. By default a replay that diverges stops before any model call and records nothing
@@ -30,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -70,21 +75,29 @@ VARYING: tuple[tuple[str, str, str], ...] = (
     # ISO and log timestamps: 2026-11-26T06:30:18.123Z, 2026-11-26 06:30
     ("timestamp", r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?", "<TIME>"),
     ("clock", r"\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b", "<TIME>"),
-    ("epoch", r"\b1[6-9]\d{8}(?:\.\d+)?\b", "<EPOCH>"),  # `date +%s`, time.time(): 2020-2033
-    # `time`: "real 0m0.003s"; "took 1.5 s", "12ms", "3.2 seconds"
+    # `time`: "real 0m0.003s"; "took 1.5 s", "12ms", "3s", "12 ms", "3 seconds"; an integer
+    # then " s" is not one ("42 s" is data: a count and a unit letter, or a random value)
     ("duration", r"\b\d+m\d+(?:\.\d+)?s\b", "<DURATION>"),
-    ("duration", r"\b\d+(?:\.\d+)?\s?(?:ns|us|µs|ms|s|secs?|seconds?|min|minutes?)\b", "<DURATION>"),
-    # process ids: "pid 42", "PID=42", "[1] 4242" (a background job), /proc/42
-    ("pid", r"(?i)\b(pid|process)(\s*[:=#]?\s*)\d+", r"\1\2<PID>"),
+    ("duration", r"\b\d+(?:\.\d+)?(?:ns|us|µs|ms|s|secs?|seconds?|min|minutes?)\b", "<DURATION>"),
+    ("duration", r"\b\d+\.\d+ (?:ns|us|µs|ms|s|secs?|seconds?|min|minutes?)\b", "<DURATION>"),
+    ("duration", r"\b\d+ (?:ns|us|µs|ms|secs?|seconds?|min|minutes?)\b", "<DURATION>"),
+    # process ids: "pid 42", "PID=42", "pid: 42", "[1] 4242" (a background job), /proc/42
+    ("pid", r"(?i)\b(pid)(\s*[:=#]?\s*)\d+", r"\1\2<PID>"),
     ("pid", r"(?m)^\[\d+\]\s+\d+\s*$", "[<JOB>] <PID>"),
     ("pid", r"/proc/\d+", "/proc/<PID>"),
     # temporary names: mktemp's tmp.XXXXXXXXXX, Python's tempfile tmpXXXXXXXX
     ("tempname", r"\btmp\.[A-Za-z0-9]{10}\b", "tmp.<TMP>"),
     ("tempname", r"\btmp[a-z0-9_]{8}\b", "tmp<TMP>"),
-    ("address", r"\b0x[0-9a-fA-F]{6,16}\b", "0x<ADDR>"),  # object reprs
-    ("hostname", r"\b[0-9a-f]{12}\b", "<HOST>"),  # a docker sandbox's host name (its short id)
+    # an object repr's address: "<Foo object at 0x7f3a2b1c0d10>", "<function f at 0x...>"
+    ("address", r"(?<=\bat )0x[0-9a-fA-F]{6,16}\b(?=>)", "0x<ADDR>"),
 )
 _COMPILED = tuple((kind, re.compile(rx), sub) for kind, rx, sub in VARYING)
+
+# Epoch seconds (`date +%s`, time.time(), `stat -c %Y`): a 10-digit number is one only
+# within EPOCH_WINDOW_S of the clock of the side that printed it (the recorded turn's start,
+# the replayed call's), so a random 10-digit value is compared, not masked.
+EPOCH_WINDOW_S = 86_400.0
+_EPOCH = re.compile(r"(?<![\d.])\d{10}(?:\.\d+)?(?!\d)")
 
 # Refusals the loop gives instead of running a call (tasks.loop): never run again either.
 _NOT_RUN = ("not executed after submit", "over the tool-call limit", "over the observation budget")
@@ -164,8 +177,11 @@ def _clip(text: str, n: int = LINE_CHARS) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-def mask(text: str, extra: Sequence[re.Pattern[str]] = ()) -> str:
-    """`text` with what legitimately varies (VARYING, then `extra`) replaced by placeholders."""
+def mask(text: str, extra: Sequence[re.Pattern[str]] = (), at: float | None = None) -> str:
+    """`text` with what legitimately varies (VARYING, epoch seconds within EPOCH_WINDOW_S of
+    `at`, the printing side's clock (default: now), then `extra`) replaced by placeholders."""
+    now = time.time() if at is None else at
+    text = _EPOCH.sub(lambda m: "<EPOCH>" if abs(float(m.group()) - now) <= EPOCH_WINDOW_S else m.group(), text)
     for _, rx, sub in _COMPILED:
         text = rx.sub(sub, text)
     for rx in extra:
@@ -196,16 +212,18 @@ def _diff(recorded: str, replayed: str) -> str:
 
 def compare(
     turn_index: int, call_index: int, recorded: Observation, replayed: Observation,
-    extra: Sequence[re.Pattern[str]] = (),
+    extra: Sequence[re.Pattern[str]] = (), *,
+    recorded_at: float | None = None, replayed_at: float | None = None,
 ) -> list[Divergence]:
-    """The ways `replayed` differs from `recorded` (empty: the same, by the rule above)."""
+    """The ways `replayed` differs from `recorded` (empty: the same, by the rule above);
+    `recorded_at` / `replayed_at` are each side's clock (epoch seconds; default now)."""
     out = []
     tool = recorded.name
     for what in ("exit_code", "timed_out", "oom_killed", "error"):
         a, b = getattr(recorded, what), getattr(replayed, what)
         if a != b:
             out.append(Divergence(turn_index, call_index, tool, what, _clip(repr(a)), _clip(repr(b))))
-    a_text, b_text = mask(recorded.content, extra), mask(replayed.content, extra)
+    a_text, b_text = mask(recorded.content, extra, recorded_at), mask(replayed.content, extra, replayed_at)
     if a_text != b_text:
         out.append(Divergence(
             turn_index, call_index, tool, "output", _clip(a_text), _clip(b_text), _diff(a_text, b_text),
@@ -253,6 +271,8 @@ def replay_calls(
     timeout = limits.exec_timeout_s or sandbox.config.limits.exec_timeout_s
     for turn in turns:
         budget = TurnBudget(limits, len(turn.tool_calls))
+        started = turn.started_at
+        recorded_at = (started if started.tzinfo else started.replace(tzinfo=UTC)).timestamp()
         for i, (call, recorded) in enumerate(zip(turn.tool_calls, turn.observations, strict=False)):
             refusal = budget.refusal()
             if refusal is not None or recorded.error in _NOT_RUN:
@@ -262,7 +282,8 @@ def replay_calls(
                 obs = toolbox.call(call, timeout).observation
                 budget.charge(obs)
                 check.calls += 1
-            for d in compare(turn.turn_index, i, recorded, obs, extra):
+            for d in compare(turn.turn_index, i, recorded, obs, extra,
+                             recorded_at=recorded_at, replayed_at=time.time()):  # fmt: skip
                 check.add(d)
     return check
 

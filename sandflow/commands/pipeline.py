@@ -555,6 +555,7 @@ def bench(
     if regression is not None:
         _console().print(f"[bold red]regression:[/] {regression}", highlight=False)
         raise typer.Exit(REGRESSION_EXIT)
+    _exit_if_any_failed(result["run"])
 
 
 def _print_changes(console: Any, report: dict[str, Any]) -> None:
@@ -585,6 +586,22 @@ def _exit_if_all_failed(run: dict[str, Any]) -> None:
     raise fail(
         f"run {run['run_id']}: all {run['failed']} episodes failed (first: {first}); nothing was "
         f"recorded as a model result. Fix the cause, then resume with --run-id {run['run_id']}",
+        EXIT_FAILED,
+    )
+
+
+def _exit_if_any_failed(run: dict[str, Any]) -> None:
+    """A run with failed episodes (after their retries) never ends with exit 0, whatever
+    the others did: one sentence naming how many and the first failure, exit 1
+    (EXIT_FAILED). Called after the results are shown."""
+    if not run.get("failed"):
+        return
+    first = (run.get("failures") or ["?"])[0]
+    total = run.get("ran") or int(run.get("succeeded") or 0) + int(run["failed"])
+    raise fail(
+        f"run {run['run_id']}: {run['failed']} of {total} episodes failed after their retries "
+        f"(first: {first}); the run is recorded as failed. Resume with --run-id {run['run_id']} "
+        "to run them again",
         EXIT_FAILED,
     )
 
@@ -703,6 +720,7 @@ def cmd_run(
     _exit_if_all_failed(r)
     _exit_if_budget_spent(r)
     c.print(f"next: sandflow flows score --run-id {r['run_id']}")
+    _exit_if_any_failed(r)
 
 
 @flows_app.command("score")

@@ -74,6 +74,21 @@ def test_bad_input_exits_2_names_row_and_writes_nothing(tmp_path):
     assert not out.exists() and list(tmp_path.iterdir()) == [src]
 
 
+def test_prepare_refuses_a_file_that_is_also_a_folder(tmp_path):
+    """Issue #37: passed `tasks prepare`, then failed every episode placing the files."""
+    src = tmp_path / "t.jsonl"
+    rows = [{"id": "ok", "domain": "d", "problem_statement": "q", "ground_truth": "x", "input_files": {"a.txt": "1"}},
+            {"id": "clash", "domain": "d", "problem_statement": "q", "ground_truth": "x",
+             "input_files": {"a": "1", "a/b": "2"}}]
+    src.write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8")
+    out = tmp_path / "out.parquet"
+    r = run("prepare", str(src), "--out", str(out))
+    assert r.exit_code == 2, r.output
+    flat = " ".join(r.output.split())
+    assert "row 1 (id 'clash'): input_files: input file 'a' is also the folder of input file 'a/b'" in flat
+    assert not out.exists()
+
+
 def test_missing_source_and_columns(tmp_path):
     r = run("prepare", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "o.parquet"))
     assert r.exit_code == 2 and "no such file" in r.output

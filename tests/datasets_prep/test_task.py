@@ -210,6 +210,29 @@ def test_check_runnable_catches_what_model_construct_let_through(monkeypatch):
     check_runnable(ok)  # no ground truth is fine for an ad-hoc task
 
 
+@pytest.mark.parametrize("files, folder, name", [
+    ({"a": "x", "a/b": "y"}, "a", "a/b"),
+    ({"data/c/d.txt": "y", "data": "x"}, "data", "data/c/d.txt"),  # any depth, any order
+    ({"docs/x": "1", "docs/x/y/z": "2", "docs/ok.txt": "3"}, "docs/x", "docs/x/y/z"),
+])
+def test_a_file_that_is_also_a_folder_is_refused_naming_both_paths(files, folder, name):
+    """Issue #37: `{"a": ..., "a/b": ...}` cannot be placed in any sandbox (every episode
+    failed on it, with the raw OS error); it is refused when the task is built."""
+    with pytest.raises(TaskValidationError) as e:
+        make_task(_row(input_files=files), "row 4 (id 't1')")
+    msg = str(e.value)
+    assert msg == (f"row 4 (id 't1'): input_files: input file {folder!r} is also the folder of input "
+                   f"file {name!r}: a path cannot be both a file and a folder, so rename one of them")
+    # whoever built it: the check before a sandbox gets it names the task
+    from datasets_prep.task import check_runnable
+
+    t = Task.model_construct(id="t9", domain="d", problem_statement="q", ground_truth=None,
+                             input_files=files, qa_type=None, verifier="auto", metadata={})
+    with pytest.raises(TaskValidationError, match=rf"^task 't9': input_files: input file {folder!r} is also"):
+        check_runnable(t)
+    make_task(_row(input_files={"a.txt": "x", "a/b": "y", "ab/c": "z"}), "row 0")  # no clash
+
+
 # -------------------------------------- issue #11: a ground truth no verifier can use
 @pytest.mark.parametrize(
     "row, says",

@@ -90,3 +90,38 @@ def test_a_run_whose_episodes_all_fail_exits_1_naming_them(tmp_path: Path, model
     from warehouse import Warehouse
 
     assert Warehouse(tmp_path / "wh").run_info(rid)["status"] == "failed"  # type: ignore[index]
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.parametrize("command", ["flows run", "bench"])
+def test_a_run_with_some_failed_episodes_exits_1_after_its_results(
+    tmp_path: Path, model: Any, command: str
+) -> None:
+    """Issue #37: a run where some episodes failed after their retries (one of three here:
+    the endpoint rejects its requests) exited 0. Its results are shown, then one sentence
+    naming how many failed and the first, exit 1; the run is recorded `failed`."""
+    from tests.flows.conftest import ANSWER
+    from tests.scripted_model import Fault, text_reply
+
+    def reply(body: dict, index: int) -> Any:
+        text = " ".join(str(m.get("content")) for m in body.get("messages", []))
+        return Fault("status", 400, message="t1 is refused") if "Task t1:" in text else text_reply(ANSWER)
+
+    model.default = reply
+    ts = write_tasks(tmp_path / "t.parquet", tiny_tasks(3))
+    rid = new_run_id("somefail")
+    common = ["--run-id", rid, "--mode", "llm", "--base-url", model.url, "--model", "scripted",
+              "--warehouse", str(tmp_path / "wh")]  # fmt: skip
+    if command == "flows run":
+        args = ["flows", "run", str(ts), "--retries", "0", *common]
+    else:  # bench retries under the default policy (2 retries, 2 s then 4 s)
+        args = ["bench", "--suite", str(ts), "--no-rollouts", *common]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 1, res.output
+    out = " ".join(res.output.split())
+    assert f"run {rid}: 1 of 3 episodes failed after their retries (first: t1" in out, out
+    assert "t1 is refused" in out and f"Resume with --run-id {rid}" in out
+    assert ("next: sandflow flows score" if command == "flows run" else "Accuracy") in out  # results first
+    from warehouse import Warehouse
+
+    assert Warehouse(tmp_path / "wh").run_info(rid)["status"] == "failed"  # type: ignore[index]

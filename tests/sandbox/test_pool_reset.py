@@ -84,6 +84,12 @@ PROBES: dict[str, str] = {
         'python3 -c "import ctypes, os; l = ctypes.CDLL(None, use_errno=True); '
         f'print(l.syscall({KEYCTL}, 0, -4, 0), os.strerror(ctypes.get_errno()))"'
     ),
+    "dev_shm": (  # POSIX shared memory: its mode, owner and size, and that it works
+        "stat -c '%a %U' /dev/shm; stat -f -c '%b %S' /dev/shm; ls -A /dev/shm; "
+        'python3 -c "import multiprocessing as mp; from multiprocessing import shared_memory\n'
+        "mp.Lock(); m = shared_memory.SharedMemory(create=True, size=4096); m.buf[0] = 1\n"
+        "m.close(); m.unlink(); print('shared memory works')\""
+    ),
     "previous_status": "echo $?",
     "home_history": "ls -la ~ | awk '{print $1, $NF}'; history | wc -l",
 }
@@ -97,7 +103,8 @@ chmod 000 /testbed/a/b; chmod 500 /home/sandbox/.cache; chmod 700 /testbed
 echo 'echo hi' > /home/sandbox/.bashrc; echo cmd >> /home/sandbox/.bash_history
 mkfifo /tmp/fifo; ln -s /etc/passwd /testbed/link; ln /testbed/a/b/c/f /testbed/hard 2>/dev/null
 printf x > /tmp/$'we\nird name'; : > /tmp/.hidden
-[ -w /dev/shm ] && head -c 100000 /dev/zero > /dev/shm/blob
+head -c 100000 /dev/zero > /dev/shm/blob
+python3 -c "import os, _posixshmem; os.close(_posixshmem.shm_open('/left', os.O_CREAT | os.O_RDWR, 0o600))"
 [ -d /dev/mqueue ] && [ -w /dev/mqueue ] && : > /dev/mqueue/q 2>/dev/null
 ipcmk -M 65536 >/dev/null; ipcmk -Q >/dev/null; ipcmk -S 3 >/dev/null
 (setsid sleep 1000 &) ; nohup sleep 999 >/dev/null 2>&1 &
@@ -193,9 +200,16 @@ def test_reset_sandbox_equals_fresh_on_every_probe(
     if backend == "docker":  # the workdir and home are the user's own (bwrap: root's 1777)
         must_see += ("acls_xattrs",)
     missed = [
-        probe for probe in must_see + ("listening_sockets",) if dirtied[probe] == expected[probe]
+        probe
+        for probe in must_see + ("listening_sockets", "dev_shm")
+        if dirtied[probe] == expected[probe]
     ]
     assert missed == [], f"these probes did not see the dirty episode: {missed}"
+    # /dev/shm is the same on both backends: a 1777 tmpfs of shm_size_mb where the
+    # sandbox user's multiprocessing works (issue #37: bwrap's was root's 755)
+    blocks = (64 << 20) // 4096
+    assert expected["dev_shm"] == f"0\n1777 root\n{blocks} 4096\nshared memory works\n\n"
+    assert "blob\nleft\n" in dirtied["dev_shm"]
     _wait_idle(p)
     again = p.acquire(make_config("next"))
     assert again.name == name, "the pool replaced the sandbox instead of resetting it"
@@ -207,6 +221,49 @@ def test_reset_sandbox_equals_fresh_on_every_probe(
         )
     again.close()
     assert p.stats.resets_failed == 0 and p.stats.created == 1
+
+
+SHM_USE = r"""
+import multiprocessing as mp, os
+from multiprocessing import shared_memory
+
+def work(lock, name, i):
+    with lock:
+        m = shared_memory.SharedMemory(name=name)
+        m.buf[i] = i + 1
+        m.close()
+
+if __name__ == "__main__":
+    lock = mp.Lock()
+    m = shared_memory.SharedMemory(create=True, size=1 << 20)
+    ps = [mp.Process(target=work, args=(lock, m.name, i)) for i in range(3)]
+    [p.start() for p in ps]
+    [p.join() for p in ps]
+    print("workers", bytes(m.buf[:3]).hex())
+    m.close()
+    m.unlink()
+    try:  # past the bound: the tmpfs is full, not the host's memory
+        with open("/dev/shm/big", "wb") as f:
+            f.write(b"x" * (9 << 20))
+    except OSError as e:
+        print("bounded", e.strerror)
+    os.unlink("/dev/shm/big")
+"""
+
+
+def test_multiprocessing_and_shared_memory_work_in_a_bounded_dev_shm(
+    make_config: Callable[..., SandboxConfig],
+) -> None:
+    """Issue #37: on bwrap /dev/shm was root's 755, so `multiprocessing.Lock()` and
+    `shared_memory` (joblib, a torch DataLoader) failed; docker's is a 1777 tmpfs. Both
+    backends: a 1777 tmpfs of `shm_size_mb`, writable by the sandbox user, bounded."""
+    with open_sandbox(make_config("shm", shm_size_mb=8)) as sb:
+        r = sb.exec("stat -c '%a %U' /dev/shm; stat -f -c '%b %S' /dev/shm", timeout=30)
+        assert r.stdout.split("\n")[:2] == ["1777 root", f"{(8 << 20) // 4096} 4096"], r.stdout
+        sb.write_file("/tmp/shm_use.py", SHM_USE)
+        r = sb.exec("python3 /tmp/shm_use.py", timeout=60)
+        assert r.exit_code == 0, r.stdout + r.stderr
+        assert r.stdout == "workers 010203\nbounded No space left on device\n", r.stdout + r.stderr
 
 
 DEFAULT_ACL = r"""

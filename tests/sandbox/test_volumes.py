@@ -195,16 +195,15 @@ def test_a_root_that_is_not_btrfs_is_one_sentence(sandbox_rootfs: str, tmp_path:
 def test_a_parent_holding_files_outside_its_volume_forks_by_pipes(
     volumes_config: Callable[..., SandboxConfig],
 ) -> None:
-    """An image could make /dev/shm or /var/tmp writable: a snapshot would not carry what
-    they hold, so the fork goes by pipes. Played here by the home counting as outside."""
+    """/dev/shm (a tmpfs of its own, issue #37) or a /var/tmp an image makes writable: a
+    snapshot would not carry what they hold, so the fork goes by pipes."""
     with _open(volumes_config("fork-outside")) as parent:
-        parent.exec("echo outside > ~/o; echo inside > /testbed/i")
-        parent._place_paths = lambda: ("/tmp", "/testbed")  # the home: "outside" the volume
+        parent.exec("echo outside > /dev/shm/o; echo inside > /testbed/i")
         (child,) = parent.fork(1)
         with child:
             assert child.fork_info is not None and child.fork_info.method == "pipes"
-            assert child.exec("cat ~/o /testbed/i").stdout == "outside\ninside\n"
-        parent.exec("rm ~/o")
+            assert child.exec("cat /dev/shm/o /testbed/i").stdout == "outside\ninside\n"
+        parent.exec("rm /dev/shm/o")
         (child,) = parent.fork(1)
         with child:
             assert child.fork_info is not None and child.fork_info.method == "snapshot"

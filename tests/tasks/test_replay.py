@@ -179,16 +179,20 @@ def test_bad_replay_input_is_one_sentence(scripted_model: ScriptedModel, tmp_pat
 
 
 def test_the_rule_masks_what_varies_and_nothing_else() -> None:
-    a = ("/tmp/tmp.AbCdEf1234\nThu Nov 26 06:30:18 UTC 2026\npid 4242\n1795000000.123\n"
-         "real\t0m0.003s\ntook 12ms\n<object at 0x7f3a2b1c0d10>\nhost 3f2a9c1b7d4e\n[1] 977\n")
-    b = ("/tmp/tmp.ZzYyXx9876\nFri Nov 27 17:01:02 UTC 2026\npid 17\n1795999999.9\n"
-         "real\t0m1.250s\ntook 3ms\n<object at 0x55aa00112233>\nhost 0123456789ab\n[1] 12\n")
-    assert mask(a) == mask(b)
+    # each side's epoch seconds are near its own clock (the recorded turn's, the replay's)
+    t_a, t_b = 1795000000.0, 1795990000.0
+    a = ("/tmp/tmp.AbCdEf1234\nThu Nov 26 06:30:18 UTC 2026\npid 4242\n1795000100.123\n"
+         "real\t0m0.003s\ntook 12ms\ntook 2.5 s\n<object at 0x7f3a2b1c0d10>\n[1] 977\n")
+    b = ("/tmp/tmp.ZzYyXx9876\nFri Nov 27 17:01:02 UTC 2026\npid 17\n1795989999.9\n"
+         "real\t0m1.250s\ntook 3ms\ntook 0.7 s\n<object at 0x55aa00112233>\n[1] 12\n")
+    assert mask(a, at=t_a) == mask(b, at=t_b)
     same = Observation(tool_call_id="c", name="execute_bash", content=a, exit_code=0, duration_s=0.1)
-    assert compare(0, 0, same, same.model_copy(update={"content": b, "duration_s": 9.0})) == []
+    assert compare(0, 0, same, same.model_copy(update={"content": b, "duration_s": 9.0}),
+                   recorded_at=t_a, replayed_at=t_b) == []  # fmt: skip
     # a file's content, a count, an exit code: never masked
     for content, code in ((a.replace("pid 4242", "pid 4242 extra"), 0), (a, 1)):
-        (d,) = compare(2, 1, same, same.model_copy(update={"content": content, "exit_code": code}))
+        (d,) = compare(2, 1, same, same.model_copy(update={"content": content, "exit_code": code}),
+                       recorded_at=t_a, replayed_at=t_a)  # fmt: skip
         assert isinstance(d, Divergence) and d.turn_index == 2 and d.call_index == 1
     long_a = "\n".join(f"line {i}" for i in range(500))
     (d,) = compare(0, 0, same.model_copy(update={"content": long_a}),
@@ -197,6 +201,54 @@ def test_the_rule_masks_what_varies_and_nothing_else() -> None:
     # sandbox output is hostile: a terminal escape sequence is shown, never sent raw
     (d,) = compare(0, 0, same, same.model_copy(update={"content": "\x1b]0;pwned\x07\n"}))
     assert "\x1b" not in d.describe() and "\\x1b]0;pwned\\x07" in d.describe()
+
+
+# Random values shaped like what the rule masks, without the context the rule names: data.
+RANDOM_SHAPES = {
+    "a bare 0x value": "print(hex(r.getrandbits(40) | 1 << 39))",
+    "12 hex digits": "print(r.getrandbits(48).to_bytes(6, \"big\").hex())",
+    "a 10-digit number": "print(r.randint(1_600_000_000, 1_999_999_999))",
+    "process N": "print(\"process\", r.randint(10**6, 10**9))",
+    "N s": "print(r.randint(10**6, 10**9), \"s\")",
+}
+
+
+def test_random_values_shaped_like_what_varies_are_not_masked() -> None:
+    now = 1795000000.0
+    for what, pair in {
+        "a bare 0x value": ("0xa3f29c1b7d", "0x9b01c2d3e4"),
+        "12 hex digits": ("3f2a9c1b7d4e", "0123456789ab"),
+        "a 10-digit number": ("1712345678", "1887654321"),  # far from either side's clock
+        "process N": ("process 4242", "process 17"),
+        "N s": ("4242 s", "17 s"),
+    }.items():
+        assert mask(pair[0], at=now) != mask(pair[1], at=now), what
+
+
+@pytest.mark.docker
+def test_a_replay_compares_random_values_of_every_masked_shape(scripted_model: ScriptedModel) -> None:
+    """A parent printing one random value of each shape per turn: the replay in a fresh
+    docker sandbox finds every one of them different (before: all five passed as equal)."""
+    from datasets_prep.task import make_task
+    from tasks.loop import Limits, run_episode
+    from tasks.records import NullRecorder
+    from tasks.replay import ReplayDiverged, replay_episode
+    from tests.tasks.conftest import fast_model, sandbox_config
+
+    task = make_task({"id": "shapes", "domain": "math", "problem_statement": "Print things.",
+                      "ground_truth": "3", "input_files": {}}, "test")  # fmt: skip
+    script = [tool_reply("execute_bash", {"command": f"python3 -c 'import random as r; {code}'"})
+              for code in RANDOM_SHAPES.values()]  # fmt: skip
+    assert all("'" not in code for code in RANDOM_SHAPES.values())  # one shell word each
+    scripted_model.push(*script, tool_reply("submit", {}))
+    parent = run_episode(task, fast_model(scripted_model), sandbox_config(), NullRecorder(),
+                         run_id="shapes-parent", limits=Limits(max_steps=8))  # fmt: skip
+    assert parent.record.termination == "submitted", parent.record
+    with pytest.raises(ReplayDiverged) as err:
+        replay_episode(task, parent.record, parent.turns, len(script), fast_model(scripted_model),
+                       sandbox_config(), NullRecorder(), run_id="shapes-replay")  # fmt: skip
+    check = err.value.check
+    assert sorted(d.turn_index for d in check.divergences) == list(range(len(script))), check.describe()
 
 
 @pytest.mark.bwrap
