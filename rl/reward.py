@@ -34,22 +34,15 @@ def reward_of(task: Task, answer: str | None, verifier: str | None = None) -> Re
     return Reward(score=float(r.score), reason=r.reason, verifier=r.verifier or str(verifier))
 
 
-def check_scorable(task: Task, verifier: str | None = None) -> str:
-    """Raise RewardError unless the verifier that would score `task` can: a task without a
-    ground truth (an instruction task without its checker spec, an ad-hoc query) or whose
-    ground truth its verifier cannot use. Returns the verifier's name. For the places a
-    task set enters a trainer's package (rl.verifiers_env, rl.openenv_server, the Harbor
-    export), so a task set that cannot reward is refused before any rollout."""
-    from datasets_prep.task import _is_empty
-    from datasets_prep.verifiers import VerifierError, check_ground_truth, choose
 
-    name = str(verifier) if verifier not in (None, "", "auto") else choose(task)
-    if _is_empty(task.ground_truth):
-        raise RewardError(
-            f"task {task.id!r} has no ground truth, so its verifier ({name}) cannot score "
-            "it: a task set without a verifier's ground truth cannot give rewards"
-        )
+def check_scorable(task: Task, verifier: str | None = None) -> str:
+    """RewardError unless the task's verifier can score it (datasets_prep.verifiers.
+    check_scorable: a ground truth, one its verifier can use): a task set that cannot
+    reward is refused before any rollout (rl.verifiers_env, rl.openenv_server)."""
+    from datasets_prep.verifiers import VerifierError
+    from datasets_prep.verifiers import check_scorable as check
+
     try:
-        return check_ground_truth(task, verifier)
+        return check(task, verifier)
     except VerifierError as exc:
-        raise RewardError(f"task {task.id!r}: {exc}") from None
+        raise RewardError(str(exc)) from None
