@@ -3,7 +3,7 @@
 One Harbor task directory per task (harbor 0.26's layout, `harbor.models.task.Task`):
 
     DIR/<task>/instruction.md           sandflow's prompt: the system message, then the task
-    DIR/<task>/task.toml                schema 1.4: name, timeouts, resources, no internet;
+    DIR/<task>/task.toml                schema 1.4: name, timeouts, resources, no network;
                                         [metadata.sandflow]: task id, domain, qa_type, verifier,
                                         task set name and hash, the task's content hash
     DIR/<task>/environment/Dockerfile   FROM sandflow's one image (a local image: no registry),
@@ -87,7 +87,7 @@ def _task_toml(task: Task, ts: TaskSet, name: str, verifier: str, limits: dict[s
         "build_timeout_sec = 600.0",
         f"cpus = {limits.get('cpus', 1)}",
         f"memory_mb = {int(limits.get('memory_mb', 2048))}",
-        "allow_internet = false",
+        'network_mode = "no-network"',
         'workdir = "/testbed"',
         "",
     ]

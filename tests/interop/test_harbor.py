@@ -25,7 +25,7 @@ for d in sorted(p for p in Path(sys.argv[1]).iterdir() if p.is_dir()):
     out[d.name] = {
         "valid": Task.is_valid_dir(d), "name": t.name, "instruction": t.instruction,
         "schema": cfg.schema_version, "sandflow": cfg.metadata.get("sandflow"),
-        "internet": cfg.environment.allow_internet, "workdir": cfg.environment.workdir,
+        "network": cfg.environment.network_mode.value, "workdir": cfg.environment.workdir,
         "dockerfile": (t.paths.environment_dir / "Dockerfile").is_file(),
         "test": str(t.paths.discovered_test_path.relative_to(d)) if t.paths.discovered_test_path else None,
         "solve": str(t.paths.discovered_solve_path.relative_to(d)) if t.paths.discovered_solve_path else None,
@@ -48,7 +48,7 @@ def test_export_is_read_by_harbors_task_loader(harbor_python: Path, tmp_path: Pa
         assert t["valid"] and t["name"] == f"sandflow/{name}" and t["schema"] == "1.4"
         assert f"Task {name}: what is 6 * 7?" in t["instruction"] and "/testbed/output" in t["instruction"]
         assert t["sandflow"]["task_id"] == name and t["sandflow"]["verifier"] == "exact"
-        assert (t["internet"], t["workdir"], t["dockerfile"]) == (False, "/testbed", True)
+        assert (t["network"], t["workdir"], t["dockerfile"]) == ("no-network", "/testbed", True)
         assert (t["test"], t["solve"]) == ("tests/test.sh", "solution/solve.sh")
 
 
