@@ -50,6 +50,14 @@ def test_export_is_read_by_harbors_task_loader(harbor_python: Path, tmp_path: Pa
         assert t["sandflow"]["task_id"] == name and t["sandflow"]["verifier"] == "exact"
         assert (t["network"], t["workdir"], t["dockerfile"]) == ("no-network", "/testbed", True)
         assert (t["test"], t["solve"]) == ("tests/test.sh", "solution/solve.sh")
+    # harbor's own static checks: nothing but the one by design (the verifier reads the
+    # answer file in the agent's sandbox, as sandflow's verifier does)
+    lint = subprocess.run(
+        [str(harbor_python.parent / "harbor"), "lint", *(str(tmp_path / "suite" / n) for n in got),
+         "--ignore", "shared-verifier", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert lint.returncode == 0 and json.loads(lint.stdout) == [], lint.stdout + lint.stderr
 
 
 @pytest.mark.docker
