@@ -36,10 +36,21 @@ def _user_text(body: dict) -> str:
     return str(user)
 
 
+BAD_CALLS = [  # task t2 starts with calls a model gets wrong: an unknown tool, arguments
+    tool_reply("rm_everything", {"path": "/"}),  # that are not JSON, a missing argument
+    tool_reply("execute_bash", '{"command": '),
+    tool_reply("str_replace_editor", {"command": "view"}),
+]
+
+
 def solver(body: dict, index: int) -> Any:
     """Write the answer (task t1's is wrong), submit, then say so (the harness asks once more)."""
     answer = "41" if "Task t1:" in _user_text(body) else "42"
     done = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+    if "Task t2:" in _user_text(body):
+        if done < len(BAD_CALLS):
+            return BAD_CALLS[done]
+        done -= len(BAD_CALLS)
     if done == 0:
         return tool_reply("execute_bash", {"command": f"echo {answer} > /testbed/output/answer.txt"})
     if done == 1:
@@ -83,10 +94,18 @@ def test_vf_eval_runs_sandflow_tasks_into_the_warehouse_and_agrees_with_sandflow
             rewards[t["task"]["data"]["id"]] = trace["rewards"]["sandflow_reward"]["score"]
             assert trace["metrics"]["submitted"] == 1.0
         assert rewards == {"t0": 1.0, "t1": 0.0, "t2": 1.0}
+        # the bad calls were answered through verifiers' own path, one clear error each
+        t2 = max((b for b in model.requests if "Task t2:" in _user_text(b)), key=lambda b: len(b["messages"]))
+        errors = [str(m.get("content")) for m in t2["messages"] if m.get("role") == "tool"][:3]
+        assert errors[0] == "error: unknown tool 'rm_everything'"
+        assert errors[1].startswith("error: invalid JSON in tool arguments")
+        assert "validation error for str_replace_editorArguments" in errors[2] and "path" in errors[2]
 
         eps = read_episodes(wh, run_id)  # one warehouse run, every rollout in it
         assert sorted(e["task_id"] for e in eps) == ["t0", "t1", "t2"]
         assert {e["termination"] for e in eps} == {"submitted"}
+        # refused calls never reach the sandbox: t2's episode has its two good turns
+        assert {e["task_id"]: e["num_turns"] for e in eps} == {"t0": 2, "t1": 2, "t2": 2}
         assert containers_of(run_id) == []
         from warehouse import Warehouse
 
