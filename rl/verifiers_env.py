@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -91,6 +92,27 @@ class SandflowTools(vf.Toolset[SandflowToolsConfig, SandflowState]):
         super().__init__(config)
         self._envs: dict[str, Any] = {}
         self._lock = threading.Lock()
+
+    async def setup(self) -> None:
+        """At the server's end (verifiers sends SIGTERM when the evaluation ends, then
+        SIGKILL 5 s later), close the episodes still open: rollouts that ended without
+        `submit` (the model stopped calling tools, verifiers' own limits). Each is recorded
+        `interrupted` with its turns, its sandbox removed, the run ended. uvicorn re-raises
+        the SIGTERM it caught once it has stopped serving: this handler gets it then."""
+        signal.signal(signal.SIGTERM, self._terminated)
+
+    def _terminated(self, signum: int, frame: Any) -> None:
+        self._close_all()
+        raise SystemExit(0)  # atexit ends the warehouse run (rl.envruns)
+
+    def _close_all(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self._lock:
+            envs, self._envs = list(self._envs.values()), {}
+        if envs:
+            with ThreadPoolExecutor(max_workers=min(16, len(envs))) as pool:
+                list(pool.map(lambda e: e.close("interrupted", "the verifiers rollout ended without submit"), envs))
 
     @vf.tool
     async def execute_bash(self, command: str) -> str:

@@ -133,3 +133,28 @@ def test_vf_eval_refuses_a_task_set_without_ground_truth(vf_python: Path, tmp_pa
         assert model.count == 0  # refused before any rollout
     assert r.returncode != 0
     assert "task 'no-truth' has no ground truth" in r.stdout + r.stderr
+
+
+def test_a_rollout_that_ends_without_submit_leaves_no_sandbox(vf_python: Path, tmp_path: Path) -> None:
+    """The model writes its answer, then stops calling tools (verifiers ends the rollout;
+    sandflow never sees a submit): when vf-eval ends, the tool server closes the episode
+    (recorded `interrupted`, its turn kept) and removes its sandbox; the reward is 0."""
+
+    def stops(body: dict, index: int) -> Any:
+        done = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+        if done == 0:
+            return tool_reply("execute_bash", {"command": "echo 42 > /testbed/output/answer.txt"})
+        return text_reply("I am done.")
+
+    source = write_tasks(tmp_path / "one.parquet", tasks(1))
+    wh, out, run_id = tmp_path / "wh", tmp_path / "vf-out", new_run_id("vf-stop")
+    with ScriptedModel(default=stops, models=("scripted",)) as model:
+        r = vf_eval(vf_python, source, wh, run_id, model.url, out, 1)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    [traces] = list(out.glob("*/traces.jsonl"))
+    [trace] = json.loads(traces.read_text().splitlines()[0])["traces"]
+    assert trace["rewards"]["sandflow_reward"]["score"] == 0.0
+    assert trace["metrics"]["submitted"] == 0.0
+    assert containers_of(run_id) == []
+    [ep] = read_episodes(wh, run_id)
+    assert (ep["termination"], ep["num_turns"]) == ("interrupted", 1)
