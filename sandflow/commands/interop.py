@@ -58,7 +58,7 @@ def _bad_input() -> Iterator[None]:
 
 export_app = typer.Typer(
     name="export",
-    help="Write a run for other tools: ATIF trajectories (Harbor), Inspect AI eval logs, Hugging Face datasets.",
+    help="Write a run for other tools: ATIF trajectories (Harbor), Inspect AI eval logs, Hugging Face datasets; a task set as Harbor tasks.",
     no_args_is_help=True,
 )
 import_app = typer.Typer(

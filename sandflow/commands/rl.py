@@ -157,14 +157,21 @@ def openenv(
     """Serve sandflow's sandbox as an OpenEnv environment (openenv-core; `pip install
     sandflow[openenv]`): reset(task_id=...) -> step({"tool", "arguments"}) ... -> the
     verifier's reward when done (docs/rl.md, "OpenEnv")."""
+    from sandflow.errors import EXIT_USAGE, fail
+
+    try:
+        from rl.openenv_server import ServerConfig, create_app
+        from rl.openenv_server import serve as run_server
+    except ModuleNotFoundError as exc:
+        raise fail(
+            f"sandflow rl openenv needs openenv-core ({exc}): pip install 'sandflow[openenv]'",
+            EXIT_USAGE, label="Error",
+        ) from None  # fmt: skip
     from datasets_prep.prepare import load_taskset
     from rl.env import default_run_id
-    from rl.openenv_server import ServerConfig
-    from rl.openenv_server import serve as run_server
     from rl.recording import RolloutTags
     from rl.reward import RewardError
     from sandflow.config import load_settings
-    from sandflow.errors import EXIT_USAGE, fail
     from tasks.spec import RunSpec
 
     settings = load_settings(warehouse=warehouse, backend=backend)
@@ -185,8 +192,6 @@ def openenv(
         max_sessions=max_sessions,
     )
     try:
-        from rl.openenv_server import create_app
-
         create_app(cfg)  # refuses a task set that cannot reward, before binding
     except RewardError as exc:
         raise fail(str(exc), EXIT_USAGE, label="Error") from None

@@ -129,3 +129,15 @@ def test_openenv_server_refuses_a_task_set_without_ground_truth(oe_python: Path,
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "300"})
     assert r.returncode == 2
     assert "task 'no-truth' has no ground truth" in r.stdout + r.stderr
+
+
+def test_without_openenv_core_the_command_says_how_to_install_it(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("openenv") is not None:
+        pytest.skip("openenv-core is installed in this venv")
+    from tests.interop.conftest import run_cli
+
+    r = run_cli("rl", "openenv", "--tasks", str(tmp_path / "any.parquet"))
+    assert r.exit_code == 2
+    assert "sandflow rl openenv needs openenv-core" in r.output and "sandflow[openenv]" in r.output
