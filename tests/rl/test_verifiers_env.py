@@ -158,3 +158,29 @@ def test_a_rollout_that_ends_without_submit_leaves_no_sandbox(vf_python: Path, t
     assert containers_of(run_id) == []
     [ep] = read_episodes(wh, run_id)
     assert (ep["termination"], ep["num_turns"]) == ("interrupted", 1)
+
+
+LOAD = r"""
+import json
+from rl.verifiers_env import load_environment
+import verifiers.v1 as vf
+env = load_environment("math", size=2, seed=3)
+tasks = list(env.taskset)
+print(json.dumps({"env": isinstance(env, vf.Env), "ids": [t.data.id for t in tasks],
+                  "harness": env.config.agent.harness.id, "runtime": env.config.agent.runtime.type,
+                  "run_id": env.taskset.config.run_id, "prompt": tasks[0].data.prompt_text[:2000]}))
+"""
+
+
+def test_load_environment_over_a_builtin_suite(vf_python: Path) -> None:
+    """The Python entry point: a vf.Env over a suite, the same tasks `load_taskset` gives."""
+    from datasets_prep.prepare import load_taskset
+
+    r = subprocess.run([str(vf_python), "-c", LOAD], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    ts = load_taskset("math", size=2, seed=3)
+    assert got["env"] and got["ids"] == [t.id for t in ts.tasks]
+    assert (got["harness"], got["runtime"]) == ("null", "subprocess")
+    assert got["run_id"].startswith("vf-")
+    assert ts.tasks[0].problem_statement[:200] in got["prompt"]
