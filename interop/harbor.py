@@ -117,7 +117,7 @@ def export_harbor(
     is checked first (a task its verifier cannot score is a VerifierError naming it), so
     nothing is written for a task set that cannot reward."""
     from analysis.rollouts import sandbox_prompt
-    from datasets_prep.verifiers import check_scorable
+    from datasets_prep.task import check_scorable
 
     limits = limits or {}
     verifiers = [check_scorable(t) for t in ts.tasks]  # before anything is written

@@ -36,11 +36,11 @@ def reward_of(task: Task, answer: str | None, verifier: str | None = None) -> Re
 
 
 def check_scorable(task: Task, verifier: str | None = None) -> str:
-    """RewardError unless the task's verifier can score it (datasets_prep.verifiers.
+    """RewardError unless the task's verifier can score it (datasets_prep.task.
     check_scorable: a ground truth, one its verifier can use): a task set that cannot
     reward is refused before any rollout (rl.verifiers_env, rl.openenv_server)."""
+    from datasets_prep.task import check_scorable as check
     from datasets_prep.verifiers import VerifierError
-    from datasets_prep.verifiers import check_scorable as check
 
     try:
         return check(task, verifier)

@@ -105,25 +105,6 @@ def check_ground_truth(task: Task, verifier: str | None = None) -> str:
     return name
 
 
-def check_scorable(task: Task, verifier: str | None = None) -> str:
-    """`check_ground_truth`, and refuse a task with no ground truth at all (an instruction
-    task without its checker spec, an ad-hoc query): VerifierError naming the task. For
-    the places a task set leaves for another tool that expects rewards (a trainer's
-    environment package, a Harbor task suite). Returns the verifier's name."""
-    from datasets_prep.task import _is_empty
-
-    name = str(verifier) if verifier not in (None, "", "auto") else choose(task)
-    if _is_empty(task.ground_truth):
-        raise VerifierError(
-            f"task {task.id!r} has no ground truth, so its verifier ({name}) cannot score "
-            "it: a task set without a verifier's ground truth cannot give rewards"
-        )
-    try:
-        return check_ground_truth(task, verifier)
-    except VerifierError as exc:
-        raise VerifierError(f"task {task.id!r}: {exc}") from None
-
-
 def score(
     task: Task, answer: Any, verifier: str | None = None, *, judge: JudgeEndpoint | None = None
 ) -> VerifierResult:
@@ -145,7 +126,6 @@ __all__ = [
     "VerifierError",
     "score",
     "check_ground_truth",
-    "check_scorable",
     "choose",
     "available",
     "get",
