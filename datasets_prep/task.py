@@ -382,6 +382,25 @@ def check_runnable(task: Task) -> None:
     )
 
 
+def check_scorable(task: Task, verifier: str | None = None) -> str:
+    """`check_ground_truth`, and refuse a task with no ground truth at all (an instruction
+    task without its checker spec, an ad-hoc query): VerifierError naming the task. For
+    the places a task set leaves for another tool that expects rewards (a trainer's
+    environment package, a Harbor task suite). Returns the verifier's name."""
+    from datasets_prep.verifiers import check_ground_truth, choose
+
+    name = str(verifier) if verifier not in (None, "", "auto") else choose(task)
+    if _is_empty(task.ground_truth):
+        raise VerifierError(
+            f"task {task.id!r} has no ground truth, so its verifier ({name}) cannot score "
+            "it: a task set without a verifier's ground truth cannot give rewards"
+        )
+    try:
+        return check_ground_truth(task, verifier)
+    except VerifierError as exc:
+        raise VerifierError(f"task {task.id!r}: {exc}") from None
+
+
 def encode_bytes(b: bytes) -> dict[str, str]:
     return {"__bytes_b64__": base64.b64encode(b).decode("ascii")}
 

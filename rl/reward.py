@@ -32,3 +32,17 @@ def reward_of(task: Task, answer: str | None, verifier: str | None = None) -> Re
     except VerifierError as exc:
         raise RewardError(f"task {task.id!r}: {exc}") from None
     return Reward(score=float(r.score), reason=r.reason, verifier=r.verifier or str(verifier))
+
+
+
+def check_scorable(task: Task, verifier: str | None = None) -> str:
+    """RewardError unless the task's verifier can score it (datasets_prep.task.
+    check_scorable: a ground truth, one its verifier can use): a task set that cannot
+    reward is refused before any rollout (rl.verifiers_env, rl.openenv_server)."""
+    from datasets_prep.task import check_scorable as check
+    from datasets_prep.verifiers import VerifierError
+
+    try:
+        return check(task, verifier)
+    except VerifierError as exc:
+        raise RewardError(str(exc)) from None

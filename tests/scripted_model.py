@@ -385,7 +385,31 @@ def _make_handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
 
                 text = ToyTokenizer().assistant_body(item.content, item.tool_calls)
                 item = dataclasses.replace(item, content=text, tool_calls=[])
+            if body.get("stream"):
+                self._stream(item.body(body), body)
+                return
             self._json(200, item.body(body))
+
+        def _stream(self, full: dict, body: dict) -> None:
+            """The same reply as server-sent events, as OpenAI streams it (`stream: true`):
+            one delta with the whole message, one with the finish reason, the usage when
+            `stream_options.include_usage`, then `[DONE]`."""
+            choice = full["choices"][0]
+            msg = dict(choice["message"])
+            delta: dict[str, Any] = {"role": "assistant", "content": msg.get("content")}
+            if msg.get("reasoning_content") is not None:
+                delta["reasoning_content"] = msg["reasoning_content"]
+            if msg.get("tool_calls"):
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(msg["tool_calls"])]
+            base = {k: full[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+            events = [
+                base | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+                base | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
+            ]
+            if (body.get("stream_options") or {}).get("include_usage"):
+                events.append(base | {"choices": [], "usage": full["usage"]})
+            payload = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+            self._send(200, payload + b"data: [DONE]\n\n", "text/event-stream")
 
         def _fault(self, fault: Fault, body: dict) -> None:
             if fault.kind == "hang":

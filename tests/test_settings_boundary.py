@@ -255,7 +255,20 @@ def test_importing_every_library_module_leaves_the_environment_unchanged() -> No
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["imported"] > 100, result
     assert result["changed"] == {}, result["changed"]
-    assert result["failed"] == {}, result["failed"]
+    # modules of an optional extra that cannot share this venv (docs/interop.md, "Trainers'
+    # packages"): importing them without it is the one failure allowed
+    failed = {
+        name: why for name, why in result["failed"].items()
+        if not (name in EXTRA_ONLY and why == f"ModuleNotFoundError: No module named '{EXTRA_ONLY[name]}'")
+    }
+    assert failed == {}, failed
+
+
+EXTRA_ONLY = {  # module -> the package of its extra (not installable beside prefect's pins)
+    "rl.verifiers_env": "verifiers",
+    "sandflow_env": "verifiers",
+    "rl.openenv_server": "openenv",
+}
 
 
 def test_a_run_carries_the_sandbox_settings_to_the_processes_that_run_its_episodes(

@@ -58,7 +58,7 @@ def _bad_input() -> Iterator[None]:
 
 export_app = typer.Typer(
     name="export",
-    help="Write a run for other tools: ATIF trajectories (Harbor), Inspect AI eval logs, Hugging Face datasets.",
+    help="Write a run for other tools: ATIF trajectories (Harbor), Inspect AI eval logs, Hugging Face datasets; a task set as Harbor tasks.",
     no_args_is_help=True,
 )
 import_app = typer.Typer(
@@ -89,6 +89,37 @@ def export_atif_cmd(
 
     with _bad_input():
         summary = export_atif(_root(warehouse), run, out, episode_id=episode)
+    _report(summary)
+
+
+@export_app.command("harbor")
+def export_harbor_cmd(
+    taskset: str = typer.Argument(..., help="A task set: a built-in suite, a task-set file, a table."),
+    out: Path = _OUT,
+    seed: int = typer.Option(0, "--seed", help="Seed of a built-in suite."),
+    size: int | None = typer.Option(None, "--size", min=1, help="Tasks of a built-in suite."),
+    image: str | None = typer.Option(None, "--image", help="Base image (default: sandflow's sandbox image, SANDFLOW_IMAGE)."),
+) -> None:
+    """One Harbor task directory per task (instruction.md, task.toml, environment/ on
+    sandflow's image, tests/, solution/), loadable by harbor's own task loader.
+
+    [bold]Example[/]
+      sandflow export harbor math --size 20 --out harbor-math/
+      harbor run -p harbor-math/ -a oracle          # needs docker compose
+    """
+    from datasets_prep.prepare import load_taskset
+    from datasets_prep.verifiers import VerifierError
+    from interop.harbor import export_harbor
+    from sandbox.image import DEFAULT_SPEC
+    from sandflow.config import load_settings
+
+    settings = load_settings(image=image)
+    with _bad_input():
+        try:
+            ts = load_taskset(taskset, seed=seed, size=size)
+            summary = export_harbor(ts, out, image=settings.image or DEFAULT_SPEC.tag)
+        except VerifierError as exc:
+            raise ValueError(str(exc)) from None
     _report(summary)
 
 

@@ -140,5 +140,65 @@ def serve(
     run_server(cfg, host=host, port=port)
 
 
+@rl_app.command("openenv")
+def openenv(
+    tasks: str = typer.Option(..., "--tasks", "-t", help="The task set sessions reset to by task_id: a suite, a task-set file or a table."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind; anything but loopback exposes the sandboxes."),
+    port: int = typer.Option(8771, "--port", "-p", min=0, max=65535, help="TCP port (the rollout server uses 8770)."),
+    max_sessions: int = typer.Option(16, "--max-sessions", min=1, max=1024, help="OpenEnv sessions at once (each holds a sandbox)."),
+    warehouse: Path | None = typer.Option(None, "--warehouse", "-w", help="Where every episode is recorded (env SANDFLOW_WAREHOUSE; default warehouse_data)."),
+    run_id: str | None = typer.Option(None, "--run-id", help="The warehouse run of every session (default: openenv-env-<pid>-<hex>)."),
+    backend: str | None = typer.Option(None, "--backend", help="Sandbox backend: docker or bwrap."),
+    max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1, max=1000, help="Tool-calling turns per episode."),
+    wall_clock: float = typer.Option(DEFAULT_WALL_CLOCK_S, "--wall-clock", min=1, help="Seconds per episode."),
+) -> None:
+    """Serve sandflow's sandbox as an OpenEnv environment (openenv-core; `pip install
+    sandflow[openenv]`): reset(task_id=...) -> step({"tool", "arguments"}) ... -> the
+    verifier's reward when done (docs/rl.md, "OpenEnv")."""
+    from sandflow.errors import EXIT_USAGE, fail
+
+    try:
+        from rl.openenv_server import ServerConfig, create_app
+        from rl.openenv_server import serve as run_server
+    except ModuleNotFoundError as exc:
+        raise fail(
+            f"sandflow rl openenv needs openenv-core ({exc}): pip install 'sandflow[openenv]'",
+            EXIT_USAGE, label="Error",
+        ) from None  # fmt: skip
+    from datasets_prep.prepare import load_taskset
+    from rl.env import default_run_id
+    from rl.recording import RolloutTags
+    from rl.reward import RewardError
+    from sandflow.config import load_settings
+    from tasks.spec import RunSpec
+
+    settings = load_settings(warehouse=warehouse, backend=backend)
+    try:
+        ts = load_taskset(tasks)
+    except (ValueError, OSError) as exc:
+        raise fail(str(exc), EXIT_USAGE, label="Error") from None
+    spec = RunSpec(
+        backend=settings.backend, image=settings.image, network=settings.network,
+        sandbox_runtime=settings.sandbox_runtime, max_steps=max_steps, wall_clock_s=wall_clock,
+    )  # fmt: skip
+    cfg = ServerConfig(
+        tasks={t.id: t for t in ts.tasks},
+        warehouse=Path(settings.warehouse),
+        run_id=run_id or default_run_id(RolloutTags(training_run="openenv")),
+        sandbox=spec.to_sandbox_config(),
+        limits=spec.to_limits(),
+        max_sessions=max_sessions,
+    )
+    try:
+        create_app(cfg)  # refuses a task set that cannot reward, before binding
+    except RewardError as exc:
+        raise fail(str(exc), EXIT_USAGE, label="Error") from None
+    typer.echo(
+        f"sandflow OpenEnv server on http://{host}:{port} (ws /ws; {len(cfg.tasks)} tasks; "
+        f"run {cfg.run_id} in {cfg.warehouse}); Ctrl+C stops it",
+    )
+    run_server(cfg, host=host, port=port)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(rl_app, name="rl", rich_help_panel="RL")
