@@ -6,25 +6,22 @@ llm-in-sandbox's `instruct_pretrain` reward: `compute_score(answer, entry["groun
 answer is /testbed/answer.txt, stripped. That reward ships in the peer package
 llm-in-sandbox 0.2.0 (it needs math-verify and rouge-score beside it); its litellm import
 goes to the network unless LITELLM_LOCAL_MODEL_COST_MAP=True. Installed once into
-tests/.venvs/lis-rl (or SANDFLOW_LIS_RL_VENV), as tests/interop/conftest.py does for harbor.
+the test-venv cache (tests/venvs.py; or SANDFLOW_LIS_RL_VENV), like every consumer venv.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.venvs import venv_python
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("llm-in-sandbox==0.2.0", "math-verify==0.9.0", "rouge-score==0.1.2")
-VENV = Path(os.environ.get("SANDFLOW_LIS_RL_VENV") or REPO / "tests" / ".venvs" / "lis-rl")
 _SCORE = r"""
 import contextlib, io, json, sys
 from llm_in_sandbox.benchmark.runner import load_reward_function
@@ -52,20 +49,8 @@ def _env() -> dict[str, str]:
 
 def lis_rl_python() -> Path:
     """The venv's python, created (once) with the peer's reward and its scorers."""
-    py = VENV / "bin" / "python"
     probe = "import llm_in_sandbox.benchmark.runner, math_verify, rouge_score"
-    if py.exists() and subprocess.run([str(py), "-c", probe], capture_output=True, env=_env()).returncode == 0:
-        return py
-    if VENV.exists():  # only ever a venv of ours: never remove anything else
-        if not (VENV / "pyvenv.cfg").is_file():
-            pytest.fail(f"{VENV} exists and is not a venv: set SANDFLOW_LIS_RL_VENV to a new folder")
-        shutil.rmtree(VENV)
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    r = subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", *PACKAGES], capture_output=True, text=True,
-                       timeout=1500)
-    if r.returncode != 0:
-        pytest.fail(f"pip install {' '.join(PACKAGES)} failed: {(r.stderr or r.stdout)[-1500:]}")
-    return py
+    return venv_python("lis-rl", PACKAGES, probe, env=_env(), timeout_s=1500)
 
 
 def lis_rl_scores(py: Path, cases: Iterable[tuple[str, Mapping[str, Any]]], tmp: Path) -> list[dict[str, Any]]:
