@@ -439,6 +439,7 @@ class Sampling:
 
 
 StopNow = Callable[[], bool]  # per sampled token: True stops (client gone, budget spent)
+Gone = Callable[[], bool]  # True once the client has left (asked while waiting for a slot)
 
 
 class ChatEngine:
@@ -545,7 +546,7 @@ class ChatEngine:
         return ids
 
     # ---- slots
-    def _take_slot(self, prompt: Sequence[int], stop_now: StopNow) -> Slot:
+    def _take_slot(self, prompt: Sequence[int], gone: Gone) -> Slot:
         with self._cond:
             while True:
                 free = [s for s in self.slots if not s.busy]
@@ -553,7 +554,7 @@ class ChatEngine:
                     best = max(free, key=lambda s: (s.cached_prefix(prompt), -s.last_used))
                     best.busy = True
                     return best
-                if stop_now():
+                if gone():
                     raise RequestError("the client left while waiting for a slot", status=499)
                 self._cond.wait(timeout=0.2)
 
@@ -587,7 +588,7 @@ class ChatEngine:
         return Sampling(chain, check_grammar(self.vocab, grammar) if grammar else None, self.n_vocab)
 
     def generate(self, req: ChatRequest, prompt: list[int], max_tokens: int, grammar: str | None,
-                 stop_now: StopNow) -> Generation:
+                 stop_now: StopNow, gone: Gone = lambda: False) -> Generation:
         import llama_cpp
 
         if len(prompt) >= self.n_ctx:
@@ -596,7 +597,7 @@ class ChatEngine:
                 f"{len(prompt) + 1} tokens ({len(prompt)} in the messages, at least 1 in the completion).",
                 code="context_length_exceeded")
         max_tokens = min(max_tokens, self.n_ctx - len(prompt))
-        slot = self._take_slot(prompt, stop_now)
+        slot = self._take_slot(prompt, gone)
         try:
             llama = slot.llama
             sampler = self._sampler(req, grammar)
@@ -656,7 +657,7 @@ class ChatEngine:
 
     # ---- one chat completion
     def chat(self, body: Any, max_tokens_cap: int, stop_now: StopNow, model: str,
-             always_token_ids: bool = False) -> dict[str, Any]:
+             always_token_ids: bool = False, gone: Gone = lambda: False) -> dict[str, Any]:
         """One /v1/chat/completions reply. `always_token_ids`: every reply carries the
         prompt and completion ids and the logprobs, asked for or not (the embedded model's
         default: every run on it gets exact token rows)."""
@@ -671,7 +672,7 @@ class ChatEngine:
             grammar = schema_grammar(req.schema)
         prompt = self.prompt_ids(req)
         limit = min(req.max_tokens or max_tokens_cap, max_tokens_cap)
-        gen = self.generate(req, prompt, limit, grammar, stop_now)
+        gen = self.generate(req, prompt, limit, grammar, stop_now, gone)
         message: dict[str, Any] = {"role": "assistant", "content": gen.text}
         finish = gen.finish_reason
         if with_tools:

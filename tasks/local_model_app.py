@@ -189,6 +189,11 @@ def _stop_now() -> bool:
     return budget is not None and budget.stop_now()
 
 
+def _client_gone() -> bool:
+    budget = _BUDGET.get()
+    return budget is not None and budget.cancel.is_set()
+
+
 def create_app(engine: Any, alias: str, max_tokens_cap: int, always_token_ids: bool = False) -> Any:
     """The OpenAI-compatible routes over `engine` (tasks.local_chat.ChatEngine)."""
     from starlette.applications import Starlette
@@ -217,7 +222,7 @@ def create_app(engine: Any, alias: str, max_tokens_cap: int, always_token_ids: b
                          "model_not_found")
         try:
             reply = await run_in_threadpool(engine.chat, body, max_tokens_cap, _stop_now, alias,
-                                            always_token_ids)
+                                            always_token_ids, _client_gone)
         except RequestError as e:
             return error(e.status, str(e), e.code)
         return JSONResponse(reply)

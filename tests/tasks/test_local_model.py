@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,28 @@ def test_a_json_schema_request_returns_json_that_validates() -> None:
         assert server.proc is not None and server.proc.poll() is None
         ok = httpx.post(url, json=dict(body, max_tokens=8), timeout=120)
         assert ok.status_code == 200
+
+
+def test_a_request_waiting_for_the_slot_keeps_its_whole_token_budget() -> None:
+    """One slot, two requests at once: the second waits for the first; the wait costs it
+    none of its max_tokens, and both get their ids."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    with LocalModelServer(max_tokens_cap=512, slots=1) as server:
+        url = f"{server.base_url}/chat/completions"
+
+        def ask(n: int) -> dict:
+            body = {"model": server.alias, "max_tokens": n, "temperature": 0,
+                    "messages": [{"role": "user", "content": f"Count to {n}."}],
+                    "logit_bias": {"0": -100, "2": -100}}  # no end-of-text: it runs to max_tokens
+            return httpx.post(url, json=body, timeout=600).json()
+
+        with ThreadPoolExecutor(2) as pool:
+            long = pool.submit(ask, 96)
+            time.sleep(0.5)
+            short = pool.submit(ask, 8)
+            replies = [long.result(), short.result()]
+        assert [r["usage"]["completion_tokens"] for r in replies] == [96, 8], replies
+        assert all(len(r["choices"][0]["token_ids"]) == r["usage"]["completion_tokens"] for r in replies)
