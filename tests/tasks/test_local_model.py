@@ -82,8 +82,12 @@ def test_sandflow_run_end_to_end_with_embedded_model(tmp_path: Path) -> None:
     traj = json.loads((run_dir / "trajectory.json").read_text())
     assert traj["metadata"]["model"] == "smollm2-135m-instruct"
     assert 1 <= len(traj["steps"]) <= 2
-    kinds = [json.loads(x)["kind"] for x in (run_dir / "records.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in records]
     assert kinds[0] == "start" and kinds[-1] == "finish" and "turn" in kinds
+    # the embedded server returns the exact token ids on every reply, asked for or not
+    turns = [r for r in records if r["kind"] == "turn"]
+    assert turns and all(json.dumps(t).count("completion_token_ids\": [") for t in turns), turns[0]
 
 
 def test_sandflow_serve_foreground_and_ctrl_c() -> None:
