@@ -551,7 +551,12 @@ class ChatEngine:
             while True:
                 free = [s for s in self.slots if not s.busy]
                 if free:
+                    # the longest cached prefix, if it is worth keeping; else the least
+                    # recently used slot (a prompt that shares only its first tokens with
+                    # a cache must not evict it)
                     best = max(free, key=lambda s: (s.cached_prefix(prompt), -s.last_used))
+                    if best.cached_prefix(prompt) < min(64, len(prompt) // 2):
+                        best = min(free, key=lambda s: s.last_used)
                     best.busy = True
                     return best
                 if gone():

@@ -90,7 +90,7 @@ class LocalModelServer:
         startup_timeout_s: float = 120.0,
         log_path: Path | None = None,
         max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
-        slots: int = 1,
+        slots: int = 2,
         token_ids: str = "always",
     ) -> None:
         self.gguf = gguf
@@ -101,7 +101,10 @@ class LocalModelServer:
         self.startup_timeout_s = startup_timeout_s
         self.log_path = log_path
         self.max_tokens_cap = max_tokens_cap
-        self.slots = slots  # llama.cpp contexts: requests (episodes) served at once
+        # llama.cpp contexts, each with its KV cache: requests served at once, and as many
+        # prompt families kept cached (two: a run's LLM-mode and sandbox-mode episodes
+        # alternate, and with one cache each evicted the other's system prompt and tools)
+        self.slots = slots
         # "always": every reply carries its exact token ids and logprobs (so every run on
         # the embedded model has token rows); "asked": only with return_token_ids (vLLM)
         self.token_ids = token_ids

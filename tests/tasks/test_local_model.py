@@ -146,7 +146,7 @@ def test_a_call_whose_client_left_stops_and_tokens_are_capped_by_the_server() ->
         assert reply["usage"]["completion_tokens"] <= 32, reply["usage"]
         assert "client left" not in server.log_tail(4000)  # an answered call is not "cancelled"
 
-    with LocalModelServer(max_tokens_cap=100_000) as server:
+    with LocalModelServer(max_tokens_cap=100_000, slots=1) as server:  # one slot: the retry needs it
         url = f"{server.base_url}/chat/completions"
         endless["max_tokens"] = 100_000
         with pytest.raises(httpx.TimeoutException):
@@ -307,3 +307,26 @@ def test_a_request_waiting_for_the_slot_keeps_its_whole_token_budget() -> None:
             replies = [long.result(), short.result()]
         assert [r["usage"]["completion_tokens"] for r in replies] == [96, 8], replies
         assert all(len(r["choices"][0]["token_ids"]) == r["usage"]["completion_tokens"] for r in replies)
+
+
+def test_two_prompt_families_keep_their_caches() -> None:
+    """A run alternates LLM-mode and sandbox-mode episodes: with the default two slots,
+    a new sandbox episode's first turn reuses the system prompt and tools the previous
+    sandbox episode left in its slot, though an LLM-mode call came in between."""
+    import httpx
+
+    def tools_call(task: str) -> dict:
+        return {"model": "m", "max_tokens": 4, "temperature": 0, "tools": TOOL_SCHEMAS,
+                "messages": [{"role": "system", "content": "You are an agent in a Linux sandbox."},
+                             {"role": "user", "content": task}]}
+
+    plain = {"model": "m", "max_tokens": 4, "temperature": 0,
+             "messages": [{"role": "user", "content": "What is 2 + 2? " * 40}]}
+    with LocalModelServer(max_tokens_cap=64, alias="m") as server:
+        assert server.slots == 2
+        url = f"{server.base_url}/chat/completions"
+        first = httpx.post(url, json=tools_call("Count the files."), timeout=300).json()
+        httpx.post(url, json=plain, timeout=300).raise_for_status()
+        again = httpx.post(url, json=tools_call("Sum the numbers."), timeout=300).json()
+    shared = first["usage"]["prompt_tokens"] - 20  # all but the task's own line and the end
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= shared, again["usage"]
