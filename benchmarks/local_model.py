@@ -9,7 +9,8 @@ The server, as a client sees it (HTTP, JSON, template, tokenization included):
   max_tokens=1: prompt tokens / latency;
 - decode: the same prompt again (cached), `max_tokens=N` with end-of-text banned:
   N / latency.
-Floor and server runs alternate (machine load hits both alike); medians of `--repeats`.
+Floor and server runs alternate, in turns first (machine load hits both alike); medians of
+`--repeats`.
 Then a multi-turn episode (system + task, then per turn the reply and a tool
 observation appended: an append-only history): `prefix_reuse_ratio` = the share of the
 later turns' prompt tokens the server served from its cache (usage.cached_tokens), the
@@ -115,6 +116,14 @@ def post(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
     return r.json(), dt
 
 
+def server_once(url: str, body: dict[str, Any], n: int) -> tuple[float, float]:
+    """(seconds per prompt token, seconds per generated token) as the client sees them."""
+    reply, dt = post(url, dict(body, max_tokens=1))
+    prefill = dt / max(1, reply["timings"]["prompt_evaluated"])
+    reply, dt = post(url, dict(body, max_tokens=n))
+    return prefill, dt / reply["usage"]["completion_tokens"]
+
+
 def episode(base_url: str, alias: str, turns: int, seed: int) -> dict[str, Any]:
     """One multi-turn conversation, append-only; its per-turn usage and token check."""
     client = ModelClient(ModelConfig(model=alias, base_url=base_url, temperature=0.7, max_tokens=48,
@@ -153,7 +162,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--concurrent", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=4096)
@@ -169,15 +178,17 @@ def main() -> None:
         for i in range(a.repeats):
             text = prompt_text(a.prompt_tokens, floor.tokenize, uuid.uuid4().hex)
             body = {"messages": [{"role": "user", "content": text}], "temperature": 0, "logit_bias": ban}
-            reply, dt = post(url, dict(body, max_tokens=1))
-            n_eval = reply["timings"]["prompt_evaluated"]
-            sp.append(dt / max(1, n_eval))  # seconds per prompt token, as the client sees it
-            reply, dt = post(url, dict(body, max_tokens=a.decode_tokens))
-            sd.append(dt / reply["usage"]["completion_tokens"])
             ids = floor.tokenize(text)
-            ids = ids[: n_eval] if len(ids) >= n_eval else ids
-            fp.append(floor.prefill(ids) / len(ids))
-            fd.append(floor.decode(a.decode_tokens) / a.decode_tokens)
+
+            # the order alternates: a load that drifts within a repeat favours neither
+            for side in ("server", "floor") if i % 2 == 0 else ("floor", "server"):
+                if side == "server":
+                    p, d = server_once(url, body, a.decode_tokens)
+                    sp.append(p)
+                    sd.append(d)
+                else:
+                    fp.append(floor.prefill(ids) / len(ids))
+                    fd.append(floor.decode(a.decode_tokens) / a.decode_tokens)
             print(f"repeat {i + 1}: prefill {1 / sp[-1]:.0f} vs {1 / fp[-1]:.0f} tok/s (server vs llama.cpp), "
                   f"decode {1 / sd[-1]:.1f} vs {1 / fd[-1]:.1f} tok/s", flush=True)
         one = episode(server.base_url, server.alias, a.turns, seed=1)
