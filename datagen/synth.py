@@ -9,9 +9,9 @@ through the endpoint's structured output, so a small model still returns parseab
     json_object   response_format {"type": "json_object", "schema": ...}: llama-cpp-python
     guided_json   vLLM's guided decoding extra field
     none          plain text (the checks still apply)
-    auto          json_schema for an endpoint given by URL; none for the embedded model:
-                  its llama-cpp-python build (0.3.36) crashes (SIGSEGV) on any grammar,
-                  so json_object there would take the server down (docs/data.md)
+    auto          json_schema, for an endpoint given by URL and for the embedded model
+                  (its server turns the schema into a llama.cpp grammar, parsed before
+                  sampling: tasks/local_chat.py; docs/data.md)
 
 The document goes to the generator as data: between <document> tags, any tag in the
 text that would close them neutralised, under a system message that says so; a
@@ -52,9 +52,10 @@ STRUCTURED = ("json_schema", "json_object", "guided_json", "none")
 
 
 def resolve_structured(style: str, embedded: bool) -> str:
-    """`auto` -> the style for this endpoint (see the module doc); others unchanged."""
+    """`auto` -> the style for this endpoint (see the module doc); others unchanged.
+    (`embedded` is kept for callers: every endpoint gets json_schema today.)"""
     if style == "auto":
-        return "none" if embedded else "json_schema"
+        return "json_schema"
     return style
 DEFAULT_TEMPLATE = "questions.v1.yaml"
 _CLOSE_TAG = "</document"

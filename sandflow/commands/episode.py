@@ -8,6 +8,7 @@ Heavy imports (openai, docker) happen inside the commands so `sandflow --help` s
 from __future__ import annotations
 
 import json
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -373,6 +374,7 @@ def serve(
     port: int = typer.Option(0, "--port", min=0, max=65535, help="Port on 127.0.0.1 (0: a free one)."),
     n_ctx: int = typer.Option(8192, "--n-ctx", min=512, help="Context window in tokens."),
     alias: str = typer.Option("smollm2-135m-instruct", "--alias", help="Model name the server answers to."),
+    slots: int = typer.Option(1, "--slots", min=1, max=16, help="Requests served at once (llama.cpp contexts, each with its prefix cache; the threads are split between them)."),
 ) -> None:
     """Run the embedded model (SmolLM2-135M, llama.cpp, tool calling) in the foreground.
 
@@ -382,7 +384,8 @@ def serve(
 
     from tasks.local_model import LocalModelError, LocalModelServer
 
-    server = LocalModelServer(port=port or None, alias=alias, n_ctx=n_ctx)
+    threads = max(1, min(4, os.cpu_count() or 1) // slots)
+    server = LocalModelServer(port=port or None, alias=alias, n_ctx=n_ctx, slots=slots, n_threads=threads)
     try:
         server.start()
     except LocalModelError as exc:

@@ -1,9 +1,13 @@
 """The whole build with the embedded model (SmolLM2-135M via llama-cpp-python): a small real
 corpus -> synth through the local server -> clean -> calibrate in the sandbox -> export.
 A 135M model writes few questions that pass the checks; what must hold is the path: every
-stage runs, tokens are counted, every funnel is consistent, the card and files exist."""
+stage runs, tokens are counted, every funnel is consistent, the card and files exist; and
+the generator's replies come through structured output (a json_schema grammar on the
+embedded server), so every reply that was not cut by max_tokens parses."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -33,6 +37,14 @@ def test_the_embedded_model_builds_end_to_end(tmp_path):
     assert [s for s in st] == list(STAGES)
     assert st["synth"]["items_in"] == 6 and st["synth"]["info"]["calls"] == 6
     assert st["synth"]["dropped"].get("model_error", 0) == 0, st["synth"]["dropped"]
+    assert st["synth"]["info"]["structured_output"] == "json_schema"  # `auto` on the embedded model
+    # a grammar-constrained reply is JSON unless max_tokens cut it (a 135M model rambles
+    # inside a string): every reply that stopped before the bound parses
+    replies = [json.loads(x) for x in (tmp_path / "out" / "cache" / "synth.jsonl").read_text().splitlines()]
+    assert len(replies) == 6
+    for r in replies:
+        if r["completion_tokens"] < 256:
+            json.loads(r["content"])
     assert st["synth"]["info"]["prompt_tokens"] > 0 and st["synth"]["info"]["completion_tokens"] > 0
     assert all(s["consistent"] for s in st.values())
     b = Build(tmp_path / "out", build_id=bid)
