@@ -69,11 +69,11 @@ def json_schema(qtype: str) -> dict[str, Any]:
     }
     required = ["question", "answer", "evidence"]
     if qtype == "single_choice":
-        props["options"] = {"type": "array", "items": {"type": "string"}, "minItems": 4, "maxItems": 4}
+        props["options"] = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 4, "maxItems": 4}
         props["answer"] = {"type": "string", "enum": list("ABCD")}
         required.insert(1, "options")
     elif qtype == "multi_choice":
-        props["options"] = {"type": "array", "items": {"type": "string"}, "minItems": 4, "maxItems": 5}
+        props["options"] = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 4, "maxItems": 5}
         props["answer"] = {"type": "string", "pattern": "^[A-E](, [A-E])+$"}
         required.insert(1, "options")
     elif qtype != "free_form":
