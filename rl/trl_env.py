@@ -55,7 +55,8 @@ from rl.recording import RolloutTags
 from rl.reward import RewardError
 from sandbox.base import SandboxConfig
 from tasks.loop import Limits
-from tasks.records import INFRA_TERMINATIONS, TurnRecord
+from tasks.model import ModelReply
+from tasks.records import INFRA_TERMINATIONS, TurnRecord, Usage
 
 Decode = Callable[[list[int]], str]
 
@@ -90,7 +91,9 @@ class RolloutSession:
         tags: RolloutTags | None = None,
         run_id: str | None = None,
         policy: str = "policy",
+        prompt_dir: str | Path | None = None,
     ) -> None:
+        self.prompt_dir = str(prompt_dir) if prompt_dir is not None else None
         self.warehouse = Path(warehouse) if warehouse is not None else None
         self.sandbox = sandbox or SandboxConfig(reuse="pool")
         self.limits = limits or Limits()
@@ -116,11 +119,12 @@ class RolloutSession:
         return env
 
     def dataset_rows(self, tasks: Sequence[Task]) -> list[dict[str, Any]]:
-        """verl rows (datasets_prep.rows) whose `prompt` is each task's first messages."""
-        from analysis.rollouts import sandbox_prompt
+        """verl rows (datasets_prep.rows) whose `prompt` is each task's first messages
+        (the episode's own prompts: sandflow's, or the session's `prompt_dir`)."""
         from datasets_prep.rows import task_rows
+        from tasks.loop import load_task_prompts
 
-        return task_rows(tasks, sandbox_prompt)
+        return task_rows(tasks, lambda t: load_task_prompts(t, self.prompt_dir).sandbox_messages(t))
 
     def dataset(self, tasks: Sequence[Task]) -> Any:
         """The rows as a `datasets.Dataset` (what GRPOTrainer's train_dataset takes)."""
@@ -195,6 +199,7 @@ class SandflowTRLEnv:
             tags=session.tags,
             run_id=session.run_id,
             policy=session.policy,
+            prompt_dir=session.prompt_dir,
         )
         self._live: list[TurnRecord] = []  # the turns the tool calls made, in order
         self._reward: float | None = None
@@ -224,8 +229,7 @@ class SandflowTRLEnv:
             self._ended = True
             raise ValueError(
                 f"task {self._env.task.id if self._env.task else '?'}: the row's `prompt` differs "
-                "from the episode's first messages; make the rows with RolloutSession.dataset "
-                "(analysis.rollouts.sandbox_prompt)"
+                "from the episode's first messages; make the rows with RolloutSession.dataset"
             )
         return None
 
@@ -238,10 +242,10 @@ class SandflowTRLEnv:
 
     # -- the tools (schemas from these signatures; calls go through `_call`) --------
     def execute_bash(self, command: str) -> str:
-        """Run a bash command in the sandbox's persistent shell (working directory and exported variables persist between calls). Returns stdout, stderr and the exit code; long output is clipped in the middle.
+        """Run a bash command in the sandbox's shell; returns its output and exit code.
 
         Args:
-            command: The command to run, e.g. `python solve.py` or `ls -la /testbed`.
+            command: The command, e.g. `cat /testbed/documents/notes.txt`.
         """
         return self._call("execute_bash", {"command": command})
 
@@ -255,26 +259,26 @@ class SandflowTRLEnv:
         insert_line: int | None = None,
         view_range: list[int] | None = None,
     ) -> str:
-        """View, create and edit files in the sandbox: `view` shows a file with line numbers (or lists a directory), `create` writes file_text to a new file, `str_replace` replaces old_str (exactly one match) with new_str, `insert` puts new_str after line insert_line, `undo_edit` reverts the last edit of path.
+        """View, create or edit a file.
 
         Args:
-            command: One of `view`, `create`, `str_replace`, `insert`, `undo_edit`.
-            path: Absolute path to a file or directory, e.g. `/testbed/solve.py`.
-            file_text: Required for `create`: the file's content.
-            old_str: Required for `str_replace`: the exact text to replace.
-            new_str: For `str_replace`: the replacement; required for `insert`.
-            insert_line: Required for `insert`: new_str goes after this line (0 = top).
-            view_range: Optional for `view` of a file: [start, end], 1-based; end -1 means to the end.
+            command: view, create, str_replace, insert or undo_edit.
+            path: Absolute path.
+            file_text: For create.
+            old_str: For str_replace: the text to replace.
+            new_str: For str_replace and insert.
+            insert_line: For insert: after this line.
+            view_range: For view: [start, end].
         """
         args = {"command": command, "path": path, "file_text": file_text, "old_str": old_str,
                 "new_str": new_str, "insert_line": insert_line, "view_range": view_range}
         return self._call("str_replace_editor", {k: v for k, v in args.items() if v is not None})
 
     def submit(self, answer: str | None = None) -> str:
-        """Finish the task. Call it once the answer is written to /testbed/output/answer.txt, or give the answer here.
+        """Finish the task.
 
         Args:
-            answer: The final answer, when it is not in /testbed/output/answer.txt.
+            answer: The final answer (else /testbed/output/answer.txt is read).
         """
         return self._call("submit", {} if answer is None else {"answer": answer})
 
@@ -354,7 +358,9 @@ class SandflowTRLEnv:
                 if ep.done:
                     stop_at = a
                     break
-                self._env.step({"role": "assistant", "content": text}, end=False)
+                # the turn's text as said, with no call run (whatever it holds: TRL ran none)
+                ep.step(ModelReply(content=text, tool_calls=[], reasoning_content=None,
+                                   finish_reason="stop", usage=Usage(), latency_s=0.0))
                 turn = ep.turns[-1]
                 _drop_nudge(ep, turn)
                 mine = [turn]
@@ -362,8 +368,8 @@ class SandflowTRLEnv:
             _attach(first, prompt + ids[:a], seg, _slice(logprobs, a, b), text)
             for later in mine[1:]:
                 _attach(later, prompt + ids[:b], [], [] if logprobs is not None else None, None)
-            if ep.done:  # submitted (or a limit) at this message: the rest is not the episode's
-                stop_at = b
+            if ep.done and mine[-1] is ep.turns[-1]:
+                stop_at = b  # submitted (or a limit) at this message: the rest is not the episode's
                 break
         if note is not None:
             for t in ep.turns:

@@ -27,6 +27,7 @@ from warehouse.labels import ScoreRow, UsageRow, write_labels
 from warehouse.layout import Layout
 from warehouse.query import RunNotFound, WarehouseError, WarehouseNotFound, WarehouseQuery
 from warehouse.recovery import Orphan, find_orphans, recover_orphans
+from warehouse.trainsteps import write_train_steps
 from warehouse.rundata import RunData, latest_scores
 from warehouse.runs import finish_run, read_run, write_run
 from warehouse.schema import check_run_id
@@ -103,6 +104,10 @@ class Warehouse:
     ) -> Path:
         """One stage execution of an RL data build (warehouse.dataitems)."""
         return write_data_items(self.layout, build_id, stage, items, stage_key=stage_key)
+
+    def write_train_steps(self, run_id: str, rows: Iterable[Mapping[str, Any]]) -> Path:
+        """Optimizer steps of a training run (warehouse.trainsteps; `training_steps`)."""
+        return write_train_steps(self.layout, run_id, rows)
 
     def write_usage(
         self, rows: Iterable[UsageRow | Mapping[str, Any]], *, labeled_at: datetime | None = None
