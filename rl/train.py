@@ -314,6 +314,15 @@ def _trainer_class() -> type:
                     prompt_ids[i], ids, tool_mask[i], completions[i],
                     None if logprobs is None else logprobs[i], decode, truncated,
                 )
+            batches = getattr(self, "sandflow_batches", None)
+            if batches is not None:  # what was trained on, per rollout (after the narrowing)
+                batches.append([
+                    {"episode_id": getattr(getattr(e, "_env", None), "episode", None) and e._env.episode.record.episode_id,
+                     "prompt_ids": list(prompt_ids[i]), "completion_ids": list(completion_ids[i]),
+                     "mask": list(tool_mask[i])}
+                    for i, e in enumerate(envs)
+                ])
+                del batches[:-4]  # the last few only
             return out
 
     return SandflowGRPOTrainer
@@ -325,10 +334,14 @@ def make_trainer(
     session: RolloutSession,
     tasks: Sequence[Task],
     cfg: TrainConfig,
+    *,
+    on_step: Callable[[StepRow], None] | None = None,
     callbacks: list[Any] | None = None,
     **overrides: Any,
 ) -> Any:
-    """The GRPO trainer over `tasks` with sandflow's environment (tiny CPU defaults)."""
+    """The GRPO trainer over `tasks` with sandflow's environment (tiny CPU defaults).
+    `trainer.sandflow_steps` collects one StepRow per optimizer step (also written to the
+    session's warehouse); `trainer.sandflow_batches` the ids and masks it trained on."""
     import torch
     from trl import GRPOConfig
 
@@ -357,20 +370,27 @@ def make_trainer(
         **overrides,
     )
     cls = _trainer_class()
+    training_run = session.tags.training_run or "policy"
+    rows: list[StepRow] = []
+    stop: dict[str, str] = {}
     trainer = cls(
         model=model,
         args=args,
         train_dataset=session.dataset(tasks),
         processing_class=tok,
         environment_factory=session.factory,
-        callbacks=callbacks or [],
+        callbacks=[*(callbacks or [])],
     )
     trainer.sandflow_session = session
-    trainer.sandflow_policy_tag = session.tags.training_run or "policy"
+    trainer.sandflow_policy_tag = training_run
+    trainer.sandflow_steps = rows
+    trainer.sandflow_stop = stop
+    trainer.sandflow_batches = []
+    trainer.add_callback(_step_callback(trainer, session, cfg, training_run, rows, on_step, stop))
     return trainer
 
 
-def _step_callback(session: RolloutSession, cfg: TrainConfig, training_run: str,
+def _step_callback(trainer: Any, session: RolloutSession, cfg: TrainConfig, training_run: str,
                    rows: list[StepRow], on_step: Callable[[StepRow], None] | None,
                    stop: dict[str, str]) -> Any:
     from transformers import TrainerCallback
@@ -400,11 +420,7 @@ def _step_callback(session: RolloutSession, cfg: TrainConfig, training_run: str,
             if self.times is None or "loss" not in logs:
                 return
             times, self.times = self.times, None
-            trainer = kw.get("model")  # unused; kept for TRL's signature
-            del trainer
-            gen = float(getattr(_TRAINER[0], "_sf_gen_s", 0.0)) if _TRAINER else 0.0
-            if _TRAINER:
-                _TRAINER[0]._sf_gen_s = 0.0
+            gen, trainer._sf_gen_s = float(trainer._sf_gen_s), 0.0
             sandbox_s = times.reset_s + times.tools_s
             reward_s = times.end_s
             tokens = logs.get("num_tokens")
@@ -450,9 +466,6 @@ def _step_callback(session: RolloutSession, cfg: TrainConfig, training_run: str,
                 _mark(ckpt, cfg.policy, training_run)
 
     return StepRecorder()
-
-
-_TRAINER: list[Any] = []  # the running trainer (its generation time), for the callback
 
 
 def _num(v: Any) -> float | None:
@@ -505,11 +518,8 @@ def train(
         policy=policy_name(cfg.policy),
         prompt_dir=prompt_dir(cfg.prompts),
     )
-    rows: list[StepRow] = []
-    stop: dict[str, str] = {}
-    callback = _step_callback(session, cfg, training_run, rows, on_step, stop)
-    trainer = make_trainer(model, tok, session, tasks, cfg, callbacks=[callback])
-    _TRAINER[:] = [trainer]
+    trainer = make_trainer(model, tok, session, tasks, cfg, on_step=on_step)
+    rows, stop = trainer.sandflow_steps, trainer.sandflow_stop
     stopped = "finished"
     final_dir: Path | None = None
     try:
@@ -524,7 +534,6 @@ def train(
     except KeyboardInterrupt:
         stopped = "interrupted"
     finally:
-        _TRAINER.clear()
         session.close()
         from rl.envruns import finish_runs
 
