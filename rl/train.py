@@ -508,7 +508,9 @@ def train(
         from rl.warmup import warm_up
 
         say(f"SFT warm-up: {cfg.warmup_steps} step(s) on tool-call examples")
-        warm_up(model, tok, tasks, steps=cfg.warmup_steps, threads=cfg.threads, seed=cfg.seed)
+        losses = warm_up(model, tok, tasks, steps=cfg.warmup_steps, threads=cfg.threads, seed=cfg.seed,
+                         prompt_dir=prompt_dir(cfg.prompts))
+        say(f"SFT warm-up: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     before = _fingerprint(model)
     session = RolloutSession(
         warehouse=cfg.warehouse,
