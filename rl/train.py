@@ -192,6 +192,8 @@ def prompt_dir(prompts: str) -> str | None:
 def check_config(cfg: TrainConfig) -> list[Task]:
     """Every input check, in order, before anything heavy is loaded; returns the tasks."""
     from datasets_prep.prepare import load_taskset
+    from datasets_prep.sources import SourceMissing
+    from datasets_prep.suites import UnknownSuite
 
     check_policy_dir(cfg.policy)
     prompt_dir(cfg.prompts)
@@ -199,8 +201,8 @@ def check_config(cfg: TrainConfig) -> list[Task]:
         check_resume(cfg.resume, cfg.policy)
     try:
         ts = load_taskset(cfg.tasks, mapping=cfg.mapping, size=cfg.size, seed=cfg.seed)
-    except (ValueError, OSError) as exc:  # the loader's own sentence names the row/field/file
-        raise TrainInputError(str(exc)) from None
+    except (ValueError, OSError, UnknownSuite, SourceMissing) as exc:  # its sentence names the row/field/file
+        raise TrainInputError(str(exc).strip("'\"")) from None
     tasks = list(ts.tasks)
     check_tasks(tasks)
     if cfg.prompts_per_step > len(tasks):

@@ -65,6 +65,13 @@ def test_a_checkpoint_of_another_policy(tmp_path: Path) -> None:
     _one_sentence(_train(tmp_path, "--resume", str(plain)), "not a sandflow training checkpoint")
 
 
+def test_a_table_whose_mapping_names_a_missing_column(tmp_path: Path) -> None:
+    table = tmp_path / "qa.csv"
+    table.write_text("q,a\nWhat is 2+2?,4\n")
+    proc = _train(tmp_path, "--tasks", str(table), "--mapping", "question=question_text,answer=a")
+    _one_sentence(proc, "question_text")
+
+
 @pytest.mark.parametrize("args, words", [
     (["--tasks", "no-such-suite"], ["no-such-suite"]),
     (["--prompts-per-step", "50", "--tasks", "smoke"], ["--prompts-per-step 50"]),
