@@ -90,6 +90,10 @@ def submit(answer: str | None = None) -> str:
     return "Submitted."
 
 
+def _zero_reward(completions: list[Any], **kw: Any) -> list[float | None]:
+    return [0.0] * len(completions)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2)
@@ -179,7 +183,7 @@ def main() -> None:
 
         from transformers import TrainerCallback
 
-        class StepTimer(TrainerCallback):  # type: ignore[misc]
+        class StepTimer(TrainerCallback):
             def on_step_begin(self, *x: Any, **k: Any) -> None:
                 self.t = time.perf_counter()
 
@@ -188,7 +192,7 @@ def main() -> None:
 
         floor = GRPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
                             tools=[execute_bash, str_replace_editor, submit],
-                            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                            reward_funcs=_zero_reward,
                             callbacks=[StepTimer()])
         floor.train()
 

@@ -229,12 +229,8 @@ def load_policy(policy: str = EMBEDDED) -> tuple[Any, Any]:
         gguf = find_gguf()
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        model.hf_quantizer = None
-        model.is_quantized = False
-        for holder in (model, model.config):
-            with contextlib.suppress(AttributeError):
-                delattr(holder, "quantization_config")
-        model.config.quantization_config = None
+        setattr(model, "hf_quantizer", None)  # noqa: B010 - torch's Module typing
+        setattr(model, "is_quantized", False)  # noqa: B010
         with contextlib.suppress(AttributeError):
             del model.config.quantization_config
     else:
@@ -278,15 +274,15 @@ def _trainer_class() -> type:
         sandflow_policy_tag: str = "policy"
         _sf_gen_s = 0.0
 
-        def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
+        def _generate_and_score_completions(self, inputs):
             session = self.sandflow_session
             if session is not None:
                 session.tags.step = int(self.state.global_step) + 1  # the step they feed
                 session.tags.policy_version = f"{self.sandflow_policy_tag}@{self.state.global_step}"
             return super()._generate_and_score_completions(inputs)
 
-        def _generate(self, prompts):  # type: ignore[no-untyped-def]
-            envs = self.environments or []
+        def _generate(self, prompts):
+            envs: list[Any] = self.environments or []
             if self.tools and envs:
                 for i, env in enumerate(envs):
                     if isinstance(env, SandflowTRLEnv) and i < len(self._sync_tool_dicts):
@@ -311,7 +307,7 @@ def _trainer_class() -> type:
                 if not isinstance(env, SandflowTRLEnv):
                     continue
                 ids = list(completion_ids[i])
-                truncated = bool(ids) and ids[-1] not in eos and len(ids) >= self.max_completion_length
+                truncated = bool(ids) and ids[-1] not in eos and len(ids) >= (self.max_completion_length or 0)
                 env._trained_on(
                     prompt_ids[i], ids, tool_mask[i], completions[i],
                     None if logprobs is None else logprobs[i], decode, truncated,
@@ -397,7 +393,7 @@ def _step_callback(trainer: Any, session: RolloutSession, cfg: TrainConfig, trai
                    stop: dict[str, str]) -> Any:
     from transformers import TrainerCallback
 
-    class StepRecorder(TrainerCallback):  # type: ignore[misc]
+    class StepRecorder(TrainerCallback):
         """One `train_steps` row per optimizer step; the budgets; the policy mark."""
 
         def __init__(self) -> None:
@@ -407,17 +403,17 @@ def _step_callback(trainer: Any, session: RolloutSession, cfg: TrainConfig, trai
             self.wall = 0.0
             self.tokens = 0
 
-        def on_step_begin(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+        def on_step_begin(self, args, state, control, **kw):
             self.t0 = time.perf_counter()
 
-        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+        def on_step_end(self, args, state, control, **kw):
             self.wall = time.perf_counter() - self.t0
             self.times = session.take_times()
             if cfg.max_wall_s is not None and time.monotonic() - self.run_t0 >= cfg.max_wall_s:
                 stop["why"] = "wall_clock"
                 control.should_training_stop = True
 
-        def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
+        def on_log(self, args, state, control, logs=None, **kw):
             logs = logs or {}
             if self.times is None or "loss" not in logs:
                 return
@@ -462,7 +458,7 @@ def _step_callback(trainer: Any, session: RolloutSession, cfg: TrainConfig, trai
                 stop["why"] = "budget"
                 control.should_training_stop = True
 
-        def on_save(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+        def on_save(self, args, state, control, **kw):
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if ckpt.is_dir():
                 _mark(ckpt, cfg.policy, training_run)

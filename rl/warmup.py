@@ -44,7 +44,7 @@ def examples(n: int, prompt_dir: str | None = None, seed: int = 0) -> list[list[
                         problem_statement=f"What number is written in the file {name}?",
                         ground_truth=value, verifier="exact", input_files={name: f"{value}\n"})
             command = f"cat /testbed/documents/{name}"
-        messages = load_task_prompts(task, prompt_dir).sandbox_messages(task)
+        messages: list[dict[str, Any]] = list(load_task_prompts(task, prompt_dir).sandbox_messages(task))
         observation = format_exec(ExecResult(stdout=value + "\n", exit_code=0), None)
         messages += [
             {"role": "assistant", "content": "", "tool_calls": [_call("execute_bash", command=command)]},

@@ -27,12 +27,12 @@ from warehouse.labels import ScoreRow, UsageRow, write_labels
 from warehouse.layout import Layout
 from warehouse.query import RunNotFound, WarehouseError, WarehouseNotFound, WarehouseQuery
 from warehouse.recovery import Orphan, find_orphans, recover_orphans
-from warehouse.trainsteps import write_train_steps
 from warehouse.rundata import RunData, latest_scores
 from warehouse.runs import finish_run, read_run, write_run
 from warehouse.schema import check_run_id
 from warehouse.series import MAX_TURNS, SeriesData, read_series, read_trajectories
 from warehouse.tasksets import adhoc_task, keep_adhoc_task, keep_tasks, run_tasks, unlike_tasks
+from warehouse.trainsteps import write_train_steps
 from warehouse.writer import EpisodeWriter
 
 log = logging.getLogger(__name__)
