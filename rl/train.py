@@ -119,6 +119,7 @@ class TrainResult:
     final_dir: Path | None
     weights_changed: bool | None
     dropped: int
+    report: Path | None = None  # training_report.md (its curve: training_curve.png beside it)
 
 
 # -- input checks (before any model or sandbox) -----------------------------------------
@@ -539,7 +540,9 @@ def train(
 
         finish_runs(session.run_id)
         _close_pool(session.sandbox)
+    report = write_report(rows, Path(cfg.output_dir), training_run) if rows else None
     return TrainResult(
+        report=report,
         training_run=training_run,
         run_id=session.run_id if cfg.warehouse is not None else None,
         steps=rows,
@@ -549,6 +552,51 @@ def train(
         weights_changed=_fingerprint(model) != before,
         dropped=session.dropped_total,
     )
+
+
+def write_report(rows: Sequence[StepRow], out_dir: Path, training_run: str) -> Path:
+    """`training_report.md` and its curve `training_curve.png` (reward with its spread,
+    loss, the step's time split) in `out_dir`; the same numbers as `training_steps`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps = [r.step for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    mean = [r.reward_mean if r.reward_mean is not None else float("nan") for r in rows]
+    std = [r.reward_std or 0.0 for r in rows]
+    axes[0].plot(steps, mean, marker="o")
+    axes[0].fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
+                         [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2)
+    axes[0].set(title="reward (mean ± std over rollouts)", xlabel="step")
+    axes[1].plot(steps, [r.loss if r.loss is not None else float("nan") for r in rows], marker="o")
+    axes[1].set(title="loss", xlabel="step")
+    parts = [("generation_s", "generation"), ("sandbox_s", "sandbox"), ("reward_s", "reward"),
+             ("optimizer_s", "optimizer")]
+    bottom = [0.0] * len(rows)
+    for attr, label in parts:
+        vals = [getattr(r, attr) for r in rows]
+        axes[2].bar(steps, vals, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    axes[2].set(title="step time (s)", xlabel="step")
+    axes[2].legend(fontsize=7)
+    fig.suptitle(training_run)
+    fig.tight_layout()
+    png = out_dir / "training_curve.png"
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+    lines = [f"# Training run {training_run}", "", "![training curve](training_curve.png)", "",
+             "| step | reward | ± | loss | grad norm | rollouts | dropped | wall s | env share |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    f = lambda v, d=4: "" if v is None else f"{v:.{d}f}"  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r.step} | {f(r.reward_mean)} | {f(r.reward_std)} | {f(r.loss)} | "
+                     f"{f(r.grad_norm, 2)} | {r.rollouts} | {r.dropped} | {r.wall_s:.1f} | {r.env_share:.3f} |")
+    report = out_dir / "training_report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
 
 
 def _fingerprint(model: Any) -> list[float]:

@@ -104,6 +104,8 @@ def train(
         f"sandflow sql \"SELECT * FROM training_steps WHERE training_run = '{result.training_run}'\"",
         soft_wrap=True, highlight=False,
     )
+    if result.report is not None:
+        out.print(f"report and curve: {result.report} (training_curve.png beside it)", soft_wrap=True, highlight=False)
     if result.final_dir is not None:
         out.print(f"final policy: {result.final_dir}", soft_wrap=True, highlight=False)
     if result.stopped == "interrupted":

@@ -79,3 +79,16 @@ def test_a_table_whose_mapping_names_a_missing_column(tmp_path: Path) -> None:
 ])
 def test_other_bad_input(tmp_path: Path, args: list[str], words: list[str]) -> None:
     _one_sentence(_train(tmp_path, *args), *words)
+
+
+def test_the_report_holds_every_step_and_its_curve(tmp_path: Path) -> None:
+    from rl.train import StepRow, write_report
+
+    rows = [StepRow("run-a", i, f"run-a@{i - 1}", 0.1 * i, None, 2.0, 1e-5, 0.25 * i, 0.1, 900,
+                    8, i - 1, 100.0, 30.0, 2.0, 1.0, 67.0, 0.03) for i in (1, 2, 3)]
+    report = write_report(rows, tmp_path / "out", "run-a")
+    text = report.read_text()
+    assert "![training curve](training_curve.png)" in text
+    assert [ln.split("|")[1].strip() for ln in text.splitlines() if ln.startswith("| ") and ln[2].isdigit()] == ["1", "2", "3"]
+    png = (tmp_path / "out" / "training_curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
