@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--max-completion", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lr", type=float, default=2e-5)
-    ap.add_argument("--no-floor", action="store_true")
+    ap.add_argument("--floor-steps", type=int, default=1, help="steps of the floor (0: none)")
     a = ap.parse_args()
 
     import torch
@@ -167,14 +167,14 @@ def main() -> None:
               f"reward {v[4]} pass {v[5]} groups with spread {v[3]}/{v[2]}", flush=True)
 
     floor_s: list[float] = []
-    if not a.no_floor:
+    if a.floor_steps:
         from trl import GRPOConfig, GRPOTrainer
 
         rows = session.dataset_rows(tasks)
         from datasets import Dataset
 
         ds = Dataset.from_list([{"prompt": r["prompt"]} for r in rows])
-        args = GRPOConfig(output_dir=str(tmp / "floor"), max_steps=a.steps,
+        args = GRPOConfig(output_dir=str(tmp / "floor"), max_steps=a.floor_steps,
                           per_device_train_batch_size=a.prompts_per_step * a.generations,
                           num_generations=a.generations, max_completion_length=a.max_completion,
                           max_tool_calling_iterations=4, learning_rate=a.lr, logging_steps=1,

@@ -377,9 +377,14 @@ class SandflowTRLEnv:
         if stop_at is not None:
             for i in range(stop_at, len(tool_mask)):
                 tool_mask[i] = 0
+        # the last message's calls ran, yet no tool tokens follow it: TRL dropped their
+        # results because with them the rollout would pass max_completion_length
+        results_dropped = bool(policy) and segments[-1][0] == 1 and bool(assistants[-1].get("tool_calls")) \
+            and any(t is ep.turns[-1] for t in self._live)
         if not ep.done:
-            if truncated:
-                ep.finish("context_exhausted", "the trainer's completion budget (max_completion_length) ran out")
+            if truncated or results_dropped:
+                ep.finish("context_exhausted", "the trainer's completion budget (max_completion_length) ran out"
+                          + (": TRL dropped the last tool results" if results_dropped else ""))
             else:
                 ep.finish("max_steps", "the rollout ended: TRL stops at a turn without a tool call"
                           " (or at max_tool_calling_iterations)")

@@ -199,3 +199,23 @@ def test_a_row_whose_prompt_is_not_the_episodes_is_refused(tmp_path: Path) -> No
     finally:
         _close_pool(session)
     assert containers_of(run_id) == []
+
+
+def test_tool_results_trl_drops_as_overlong_end_the_rollout_as_context_exhausted(tmp_path: Path) -> None:
+    run_id = new_run_id("trl-env-overlong")
+    session = _session(tmp_path, run_id)
+    try:
+        [row] = session.dataset_rows([math_task()])
+        env = session.factory()
+        env.reset(**row)
+        _call(env, "execute_bash", command="echo 42")  # ran, but TRL rolled its result back
+        trained = [1, 1, 1]
+        completions = [{"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "execute_bash", "arguments": {}}}]}]
+        env._trained_on([1], [5, 6, 7], trained, completions, None, _decode, False)
+        assert trained == [1, 1, 1]
+        assert env.get_reward() == 0.0  # no answer: the model's doing, scored
+    finally:
+        _close_pool(session)
+    [ep] = read_episodes(tmp_path, run_id)
+    assert ep["termination"] == "context_exhausted" and "dropped the last tool results" in ep["error"]
