@@ -78,6 +78,8 @@ class TrainConfig(BaseModel):
     prompts: str = Field("sandflow", description="'sandflow' (the paper's prompts), 'small' (short, for small policies) or a folder")
     backend: Literal["docker", "bwrap"] = "docker"
     threads: int = Field(1, ge=1, le=256, description="torch threads (1 on a shared CPU)")
+    gpu: bool = Field(False, description="train on the accelerator torch finds (default: CPU)")
+    vllm: bool = Field(False, description="generate with vLLM, colocated (needs gpu and vllm)")
     max_run_tokens: int | None = Field(None, ge=1, description="stop once rollouts used this many tokens")
     max_wall_s: float | None = Field(None, gt=0, description="stop after this many seconds")
     exec_timeout_s: float = Field(30.0, gt=0, description="per command in the sandbox")
@@ -198,6 +200,8 @@ def check_config(cfg: TrainConfig) -> list[Task]:
 
     check_policy_dir(cfg.policy)
     prompt_dir(cfg.prompts)
+    if cfg.vllm and not cfg.gpu:
+        raise TrainInputError("--vllm generates on a GPU: add --gpu (vLLM has no CPU path here)")
     if cfg.resume is not None:
         check_resume(cfg.resume, cfg.policy)
     try:
@@ -347,6 +351,7 @@ def make_trainer(
     torch.set_num_threads(cfg.threads)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     batch = cfg.prompts_per_step * cfg.generations
+    extra: dict[str, Any] = {"vllm_mode": "colocate"} if cfg.vllm else {}
     args = GRPOConfig(
         output_dir=str(cfg.output_dir),
         max_steps=cfg.steps,
@@ -361,12 +366,13 @@ def make_trainer(
         save_strategy="steps" if cfg.checkpoint_every else "no",
         save_steps=cfg.checkpoint_every or 500,
         report_to=[],
-        use_cpu=True,
+        use_cpu=not cfg.gpu,
+        use_vllm=cfg.vllm,
         seed=cfg.seed,
         dataloader_num_workers=0,
         disable_tqdm=True,
         bf16=False,
-        **overrides,
+        **{**extra, **overrides},
     )
     cls = _trainer_class()
     training_run = session.tags.training_run or "policy"

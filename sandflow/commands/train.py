@@ -43,6 +43,8 @@ def train(
     ),
     backend: str | None = typer.Option(None, "--backend", help="Sandbox backend: docker or bwrap."),
     threads: int = typer.Option(1, "--threads", min=1, help="Torch threads (1 on a shared CPU)."),
+    gpu: bool = typer.Option(False, "--gpu", help="Train on the GPU torch finds (default: CPU)."),
+    vllm: bool = typer.Option(False, "--vllm", help="Generate with vLLM colocated on the GPU (with --gpu)."),
     max_run_tokens: int | None = typer.Option(
         None, "--max-run-tokens", min=1, help="Stop after a step once the rollouts used this many tokens."
     ),
@@ -68,7 +70,7 @@ def train(
             prompts_per_step=prompts_per_step, generations=generations,
             max_completion_length=max_completion, max_tool_calls=max_tool_calls,
             learning_rate=lr, beta=beta, checkpoint_every=checkpoint_every, resume=resume,
-            warmup_steps=warmup, prompts=prompts, backend=settings.backend, threads=threads,
+            warmup_steps=warmup, prompts=prompts, backend=settings.backend, threads=threads, gpu=gpu, vllm=vllm,
             max_run_tokens=max_run_tokens, max_wall_s=max_wall,
         )
         check_config(cfg)  # bad input: one sentence, exit 2, before any model or sandbox
