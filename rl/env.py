@@ -222,8 +222,13 @@ class SandboxEnv(ClosedOnExit):
         logprobs: list[float] | None = None,
         usage: Mapping[str, Any] | None = None,
         finish_reason: str | None = None,
+        end: bool = True,
     ) -> StepResult:
-        """Run the turn's tool calls; the token ids, when given, are recorded exactly."""
+        """Run the turn's tool calls; the token ids, when given, are recorded exactly.
+
+        `end=False`: a turn that ends the episode (submit, a limit, a broken sandbox)
+        leaves it unrecorded and unscored until `end()`, so that a trainer which learns
+        the turns' token ids only after its whole rollout (TRL) can attach them first."""
         t0 = time.perf_counter()
         ep = self._running()
         reply = reply_from_action(
@@ -240,7 +245,7 @@ class SandboxEnv(ClosedOnExit):
         observations = [self._observation(m) for m in new]
         info: dict[str, Any] = {"episode_id": ep.record.episode_id, "turn": len(ep.turns) - 1}
         reward = 0.0
-        if ep.done:
+        if ep.done and end:
             reward = self._end(info)
         tools_s = ep.turns[-1].tool_latency_s if ep.turns else 0.0
         self.step_overhead_s.append(max(0.0, time.perf_counter() - t0 - tools_s))
@@ -291,6 +296,11 @@ class SandboxEnv(ClosedOnExit):
             self.episode.finish(reason, error or "the trainer closed the environment")
         elif self.episode is not None:
             self.episode.finish()
+
+    def end(self, info: dict[str, Any] | None = None) -> float:
+        """Record and score the episode that `step(..., end=False)` (or `episode.finish`)
+        ended: the verifier's score, or InfraError when infrastructure ended it."""
+        return self._end(info if info is not None else {})
 
     # -- internals ------------------------------------------------------------------
     def _start(self, index: int) -> list[dict[str, Any]]:

@@ -50,9 +50,10 @@ def _register() -> None:
         sandbox,
         sql,
         tasksets,
+        train,
     )
 
-    for module in (sandbox, episode, sql, tasksets, pipeline, rl, data, compare, interop):
+    for module in (sandbox, episode, sql, tasksets, pipeline, rl, data, compare, interop, train):
         module.register(app)
 
 

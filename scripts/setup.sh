@@ -9,6 +9,8 @@
 #                      (docs/pipeline.md). Never by default.
 #          --ray  also install the optional extra `ray` (prefect-ray: --task-runner ray;
 #                 ~315 MB). Never by default.
+#          --train  also install the optional extra `train` (TRL, transformers and torch's
+#                   CPU build: `sandflow train`; ~1 GB). Never by default.
 #          --volumes  (root) also make a btrfs filesystem for bwrap sandboxes' places at
 #                     /var/lib/sandflow/volumes (in a sparse file on /dev/shm, 16 GB at
 #                     most): forks become snapshots (docs/sandbox.md, "Copy-on-write
@@ -22,13 +24,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-WITH_TEST=0; WITH_ENGINE=1; WITH_POSTGRES=0; WITH_RAY=0; WITH_VOLUMES=0
+WITH_TEST=0; WITH_ENGINE=1; WITH_POSTGRES=0; WITH_RAY=0; WITH_VOLUMES=0; WITH_TRAIN=0
 for a in "$@"; do
   case "$a" in
     --test) WITH_TEST=1 ;;
     --no-engine) WITH_ENGINE=0 ;;
     --postgres) WITH_POSTGRES=1 ;;
     --ray) WITH_RAY=1 ;;
+    --train) WITH_TRAIN=1 ;;
     --volumes) WITH_VOLUMES=1 ;;
     *) echo "setup.sh: unknown option $a" >&2; exit 2 ;;
   esac
@@ -200,6 +203,20 @@ if [ $WITH_RAY = 1 ] && ! .venv/bin/python -c 'import prefect_ray' >/dev/null 2>
   .venv/bin/pip install "$RAY_SPEC" >>"$LOGS/pip.log" 2>&1 \
     || { grep -v "^WARNING: Location" "$LOGS/pip.log" | tail -n 25 >&2; die "pip install $RAY_SPEC failed (log: $LOGS/pip.log)"; }
   say "ray (prefect-ray): installed in $(since "$t")"
+fi
+if [ $WITH_TRAIN = 1 ] && ! .venv/bin/python -c 'import trl, torch' >/dev/null 2>&1; then
+  t=$(date +%s)
+  # the extra `train`'s pins, read from pyproject.toml (one place for the versions)
+  mapfile -t TRAIN_SPECS < <(.venv/bin/python - <<'PY'
+import tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["train"]))
+PY
+)
+  .venv/bin/pip install "${TRAIN_SPECS[@]}" >>"$LOGS/pip.log" 2>&1 \
+    || { grep -v "^WARNING: Location" "$LOGS/pip.log" | tail -n 25 >&2; die "pip install of the extra train failed (log: $LOGS/pip.log)"; }
+  .venv/bin/python -c 'import torch, sys; sys.exit(torch.version.cuda is not None)' \
+    || die "the extra train installed a CUDA build of torch; install the CPU build (pip install torch==2.13.0 from a CPU wheel folder)"
+  say "train (TRL, transformers, torch CPU): installed in $(since "$t")"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
 

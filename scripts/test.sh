@@ -2,15 +2,15 @@
 # The test command: set up what is missing, check the architecture, then run the whole suite.
 # Leading set-up options go to scripts/setup.sh (`--postgres`: the tests of a real Prefect
 # server on PostgreSQL get their database server; `--ray`: the test of --task-runner ray gets
-# prefect-ray; CI asks for both, elsewhere those tests are skipped, saying how to get them);
+# prefect-ray; `--train`: the training tests get TRL and torch (CPU); CI asks for all three, elsewhere those tests are skipped, saying how to get them);
 # the rest go to pytest (e.g. `bash scripts/test.sh -m "not slow" -x`,
-# `bash scripts/test.sh --postgres --ray -q`).
+# `bash scripts/test.sh --postgres --ray --train -q`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SETUP=(--test)
 while [ $# -gt 0 ]; do
   case "$1" in
-    --postgres|--ray) SETUP+=("$1"); shift ;;
+    --postgres|--ray|--train) SETUP+=("$1"); shift ;;
     *) break ;;
   esac
 done

@@ -44,7 +44,7 @@ import pyarrow as pa
 from warehouse.fields import EPISODE_COLUMNS, TS, TURN_COLUMNS, schema_of
 
 SCHEMA_VERSION = 1
-TABLES = ("runs", "episodes", "turns", "scores", "usage", "data_items")
+TABLES = ("runs", "episodes", "turns", "scores", "usage", "data_items", "train_steps")
 META_TABLE = b"sandflow.table"
 META_VERSION = b"sandflow.schema_version"
 META_COLUMNS = b"sandflow.columns"  # comma-separated column names: files group without a scan
@@ -150,6 +150,38 @@ DATA_ITEMS = pa.schema(
     ]
 )
 
+# Training (rl/train.py, `sandflow train`, docs/train.md): one row per optimizer step, what
+# the trainer logged and where the step's time went. `run_id` is the warehouse run of the
+# step's rollouts (the env's run); the rollouts are the episodes tagged with the same
+# training_run and step (`episode_ids` lists them). A step recorded again (a resumed run)
+# is read from its newest row: the `training_steps` view.
+TRAIN_STEPS = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("training_run", pa.string(), nullable=False),
+        pa.field("step", pa.int64(), nullable=False),  # 1-based: the optimizer step it ended
+        pa.field("policy_version", pa.string()),  # the weights the rollouts were sampled from
+        pa.field("loss", pa.float64()),
+        pa.field("kl", pa.float64()),  # NULL with beta = 0 (no reference model)
+        pa.field("grad_norm", pa.float64()),
+        pa.field("learning_rate", pa.float64()),
+        pa.field("reward_mean", pa.float64()),  # as the trainer saw it (dropped rollouts out)
+        pa.field("reward_std", pa.float64()),
+        pa.field("tokens", pa.int64()),  # prompt + completion tokens of the step's rollouts
+        pa.field("rollouts", pa.int64()),
+        pa.field("dropped", pa.int64()),  # infrastructure failures: no reward, no gradient
+        pa.field("wall_s", pa.float64()),
+        pa.field("generation_s", pa.float64()),  # the policy generating (tool calls excluded)
+        pa.field("sandbox_s", pa.float64()),  # sandboxes from the pool + tool calls
+        pa.field("reward_s", pa.float64()),  # answers read, episodes recorded, verifiers
+        pa.field("optimizer_s", pa.float64()),  # log-prob passes, backward, optimizer step
+        pa.field("env_share", pa.float64()),  # (sandbox_s + reward_s) / wall_s
+        pa.field("episode_ids", pa.list_(pa.string())),
+        pa.field("batch_id", pa.string(), nullable=False),
+        pa.field("recorded_at", _TS),
+    ]
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     "runs": RUNS,
     "episodes": EPISODES,
@@ -157,6 +189,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "scores": SCORES,
     "usage": USAGE,
     "data_items": DATA_ITEMS,
+    "train_steps": TRAIN_STEPS,
 }
 
 # Columns a file must have to belong to a table (the rest may be missing in old files).
@@ -167,6 +200,7 @@ KEY_COLUMNS: dict[str, tuple[str, ...]] = {
     "scores": ("run_id", "episode_id", "verifier", "batch_id"),
     "usage": ("run_id", "episode_id", "turn_index", "capability", "labeler", "batch_id"),
     "data_items": ("run_id", "stage", "item_id", "kept", "batch_id"),
+    "train_steps": ("run_id", "training_run", "step", "batch_id"),
 }
 
 

@@ -32,6 +32,7 @@ from warehouse.runs import finish_run, read_run, write_run
 from warehouse.schema import check_run_id
 from warehouse.series import MAX_TURNS, SeriesData, read_series, read_trajectories
 from warehouse.tasksets import adhoc_task, keep_adhoc_task, keep_tasks, run_tasks, unlike_tasks
+from warehouse.trainsteps import write_train_steps
 from warehouse.writer import EpisodeWriter
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,10 @@ class Warehouse:
     ) -> Path:
         """One stage execution of an RL data build (warehouse.dataitems)."""
         return write_data_items(self.layout, build_id, stage, items, stage_key=stage_key)
+
+    def write_train_steps(self, run_id: str, rows: Iterable[Mapping[str, Any]]) -> Path:
+        """Optimizer steps of a training run (warehouse.trainsteps; `training_steps`)."""
+        return write_train_steps(self.layout, run_id, rows)
 
     def write_usage(
         self, rows: Iterable[UsageRow | Mapping[str, Any]], *, labeled_at: datetime | None = None

@@ -362,6 +362,56 @@ BASE_VIEWS: tuple[View, ...] = (
         GROUP BY ALL ORDER BY u.training_run, u.training_step NULLS FIRST, u.capability
     """,
     ),
+    # Training (rl/train.py, docs/train.md): one row per optimizer step (its newest record:
+    # a resumed run may record a step again), what the trainer logged, the step's time
+    # split, and its rollouts (the episodes it lists: reward by their verifier, its spread
+    # over the rollouts, the pass rate, the groups = tasks whose rollouts' rewards differ).
+    View(
+        "training_steps",
+        help=(
+            "one row per optimizer step of a training run (sandflow train): reward mean and "
+            "spread, pass rate, groups with a reward spread, loss, KL, grad norm, tokens, the "
+            "time split (generation, sandbox, reward, optimizer), env_share, its rollouts"
+        ),
+        sql="""
+        WITH s AS (
+            SELECT * FROM _raw_train_steps
+            QUALIFY row_number() OVER (
+                PARTITION BY training_run, step ORDER BY recorded_at DESC, batch_id DESC) = 1
+        ), ro AS (
+            SELECT l.training_run, l.step, e.task_id,
+                   CASE WHEN NOT coalesce(e.is_infra_failure, false) THEN sc.score END AS score
+            FROM (SELECT training_run, step, run_id, unnest(episode_ids) AS episode_id FROM s) l
+            JOIN episodes e USING (run_id, episode_id)
+            LEFT JOIN episode_score sc USING (run_id, episode_id)
+        ), g AS (
+            SELECT training_run, step, task_id, count(score) AS n,
+                   coalesce(max(score) > min(score), false) AS spread
+            FROM ro GROUP BY ALL
+        ), a AS (
+            SELECT training_run, step, count(*) AS rollouts_recorded,
+                   count(score) AS rollouts_scored,
+                   round(avg(score), 4) AS reward_mean,
+                   round(stddev_pop(score), 4) AS reward_spread,
+                   round(avg(CAST(score >= 1.0 AS INTEGER)), 4) AS pass_rate
+            FROM ro GROUP BY ALL
+        ), gs AS (
+            SELECT training_run, step, count(*) AS groups,
+                   count(*) FILTER (WHERE spread) AS groups_with_spread
+            FROM g GROUP BY ALL
+        )
+        SELECT s.training_run, s.step, s.policy_version,
+               a.reward_mean, a.reward_spread, a.pass_rate,
+               gs.groups, gs.groups_with_spread,
+               s.loss, s.kl, s.grad_norm, s.learning_rate, s.tokens,
+               s.rollouts, a.rollouts_recorded, a.rollouts_scored, s.dropped,
+               s.reward_mean AS trainer_reward_mean, s.reward_std AS trainer_reward_std,
+               s.wall_s, s.generation_s, s.sandbox_s, s.reward_s, s.optimizer_s, s.env_share,
+               s.run_id, s.episode_ids, s.recorded_at
+        FROM s LEFT JOIN a USING (training_run, step) LEFT JOIN gs USING (training_run, step)
+        ORDER BY s.training_run, s.step
+    """,
+    ),
 )
 
 # Branched episodes (issue #25): an episode forked from a live sandbox or replayed from a

@@ -62,11 +62,13 @@ def test_prefect_yaml_deploys_against_a_real_server(prefect_server: dict[str, st
     env = dict(prefect_server, SANDFLOW_REPO=str(REPO))
     r = prefect(env, "work-pool", "create", "sandflow-process", "--type", "process")
     assert r.returncode == 0, r.stdout + r.stderr
-    for name in ("nightly", "rl-data", "data-build"):
+    for name in ("nightly", "rl-data", "data-build", "train"):
         r = prefect(env, "--no-prompt", "deploy", "--name", name)
         assert r.returncode == 0, r.stdout + r.stderr
     deps = {d["name"]: d for d in api(env, "/deployments/filter", {})}
-    assert set(deps) == {"nightly", "rl-data", "data-build"}
+    assert set(deps) == {"nightly", "rl-data", "data-build", "train"}
+    assert deps["train"]["entrypoint"] == "sandflow/deployments.py:train_flow"
+    assert deps["train"]["parameters"]["config"]["tasks"] == "smoke"
     assert deps["data-build"]["entrypoint"] == "sandflow/deployments.py:data_build_job"
     assert deps["data-build"]["parameters"]["decontaminate"] == ["smoke"]
     nightly = deps["nightly"]

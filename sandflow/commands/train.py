@@ -1,0 +1,124 @@
+"""`sandflow train`: GRPO through TRL with sandflow's sandboxes as the environment (rl/train.py,
+docs/train.md). Thin: the flags and settings become a TrainConfig, one library call runs
+the training, a progress line per step is printed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def train(
+    tasks: str = typer.Option(
+        "smoke", "--tasks", "-t",
+        help="Task set: a built-in suite, a task-set file (a `data build` output) or a table "
+        "(with --mapping); every task needs a verifier.",
+    ),
+    mapping: str | None = typer.Option(None, "--mapping", help="Column mapping for a table (docs/datasets.md)."),
+    size: int | None = typer.Option(None, "--size", min=1, help="Take this many tasks."),
+    policy: str = typer.Option(
+        "embedded", "--policy", "-m",
+        help="'embedded' (SmolLM2-135M from its GGUF file) or a local Hugging Face model folder.",
+    ),
+    name: str | None = typer.Option(None, "--name", help="The training run's name (default train-<time>)."),
+    output: Path = typer.Option(Path("train_output"), "--output", "-o", help="Checkpoints and the final policy."),
+    warehouse: Path | None = typer.Option(
+        None, "--warehouse", "-w", help="Where rollouts and steps go (env SANDFLOW_WAREHOUSE)."
+    ),
+    steps: int = typer.Option(4, "--steps", min=1, help="Optimizer steps."),
+    prompts_per_step: int = typer.Option(2, "--prompts-per-step", min=1, help="Distinct tasks per step."),
+    generations: int = typer.Option(4, "--generations", "-n", min=2, help="Rollouts per task (the group)."),
+    max_completion: int = typer.Option(
+        128, "--max-completion-tokens", min=8, help="Tokens per rollout, tool results included."
+    ),
+    max_tool_calls: int = typer.Option(8, "--max-tool-calls", min=1, help="Tool-calling turns per rollout."),
+    lr: float = typer.Option(1e-5, "--lr", min=0.0, help="Learning rate."),
+    beta: float = typer.Option(0.0, "--beta", min=0.0, help="KL coefficient (0: no reference model)."),
+    checkpoint_every: int = typer.Option(0, "--checkpoint-every", min=0, help="Save a checkpoint every N steps."),
+    resume: Path | None = typer.Option(None, "--resume", help="Go on from this checkpoint folder."),
+    warmup: int = typer.Option(0, "--warmup-steps", min=0, help="SFT warm-up steps on tool-call examples first."),
+    prompts: str = typer.Option(
+        "sandflow", "--prompts", help="'sandflow' (the paper's prompts), 'small' (short) or a folder."
+    ),
+    backend: str | None = typer.Option(None, "--backend", help="Sandbox backend: docker or bwrap."),
+    threads: int = typer.Option(1, "--threads", min=1, help="Torch threads (1 on a shared CPU)."),
+    gpu: bool = typer.Option(False, "--gpu", help="Train on the GPU torch finds (default: CPU)."),
+    vllm: bool = typer.Option(False, "--vllm", help="Generate with vLLM colocated on the GPU (with --gpu)."),
+    max_run_tokens: int | None = typer.Option(
+        None, "--max-run-tokens", min=1, help="Stop after a step once the rollouts used this many tokens."
+    ),
+    max_wall: float | None = typer.Option(None, "--max-wall", min=1.0, help="Stop after a step past this many seconds."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Train a policy with GRPO in sandflow's sandboxes (CPU by default): every rollout an
+    episode in the warehouse, one `training_steps` row per step (docs/train.md)."""
+    from pydantic import ValidationError
+
+    from rl.train import TrainConfig, TrainInputError, check_config
+    from rl.train import train as run_training
+    from sandflow.config import load_settings
+    from sandflow.errors import EXIT_INTERRUPTED, EXIT_USAGE, console, err_console, fail
+
+    settings = load_settings(warehouse=warehouse, backend=backend)
+    if settings.backend not in ("docker", "bwrap"):
+        raise fail(f"--backend {settings.backend!r}: use docker or bwrap", EXIT_USAGE)
+    try:
+        cfg = TrainConfig(
+            tasks=tasks, mapping=mapping, size=size, seed=seed, policy=policy, training_run=name,
+            output_dir=output, warehouse=Path(settings.warehouse), steps=steps,
+            prompts_per_step=prompts_per_step, generations=generations,
+            max_completion_length=max_completion, max_tool_calls=max_tool_calls,
+            learning_rate=lr, beta=beta, checkpoint_every=checkpoint_every, resume=resume,
+            warmup_steps=warmup, prompts=prompts, backend=settings.backend, threads=threads, gpu=gpu, vllm=vllm,
+            max_run_tokens=max_run_tokens, max_wall_s=max_wall,
+        )
+        check_config(cfg)  # bad input: one sentence, exit 2, before any model or sandbox
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise fail(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}", EXIT_USAGE) from None
+    except TrainInputError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    if importlib_missing("trl"):
+        raise fail("sandflow train needs the extra `train`: bash scripts/setup.sh --train", EXIT_USAGE)
+
+    out = console()
+    note = err_console()
+
+    def step_line(r: object) -> None:
+        from rl.train import StepRow
+
+        assert isinstance(r, StepRow)
+        fmt = lambda v, d=3: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+        out.print(
+            f"step {r.step}/{cfg.steps}  reward {fmt(r.reward_mean)} ± {fmt(r.reward_std)}  "
+            f"loss {fmt(r.loss, 4)}  grad {fmt(r.grad_norm, 2)}  rollouts {r.rollouts} "
+            f"(dropped {r.dropped})  {r.wall_s:.1f}s (generation {r.generation_s:.1f}, "
+            f"sandbox {r.sandbox_s:.1f}, reward {r.reward_s:.1f}, optimizer {r.optimizer_s:.1f}; "
+            f"env {100 * r.env_share:.1f}%)",
+            soft_wrap=True, highlight=False,
+        )
+
+    result = run_training(cfg, on_step=step_line, on_phase=lambda s: note.print(s, soft_wrap=True, highlight=False))
+    out.print(
+        f"training run {result.training_run}: {len(result.steps)} step(s), {result.stopped}; "
+        f"rollouts in run {result.run_id} of {cfg.warehouse}; "
+        f"sandflow sql \"SELECT * FROM training_steps WHERE training_run = '{result.training_run}'\"",
+        soft_wrap=True, highlight=False,
+    )
+    if result.report is not None:
+        out.print(f"report and curve: {result.report} (training_curve.png beside it)", soft_wrap=True, highlight=False)
+    if result.final_dir is not None:
+        out.print(f"final policy: {result.final_dir}", soft_wrap=True, highlight=False)
+    if result.stopped == "interrupted":
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def importlib_missing(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)
