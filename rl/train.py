@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -76,7 +76,7 @@ class TrainConfig(BaseModel):
     resume: Path | None = Field(None, description="a checkpoint folder of this policy to go on from")
     warmup_steps: int = Field(0, ge=0, le=10_000, description="SFT warm-up steps on tool-call examples")
     prompts: str = Field("sandflow", description="'sandflow' (the paper's prompts), 'small' (short, for small policies) or a folder")
-    backend: Literal["docker", "bwrap"] = "docker"
+    backend: str = "docker"  # a registered sandbox backend (sandbox/backends.py)
     threads: int = Field(1, ge=1, le=256, description="torch threads (1 on a shared CPU)")
     gpu: bool = Field(False, description="train on the accelerator torch finds (default: CPU)")
     vllm: bool = Field(False, description="generate with vLLM, colocated (needs gpu and vllm)")

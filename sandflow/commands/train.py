@@ -60,9 +60,7 @@ def train(
     from sandflow.config import load_settings
     from sandflow.errors import EXIT_INTERRUPTED, EXIT_USAGE, console, err_console, fail
 
-    settings = load_settings(warehouse=warehouse, backend=backend)
-    if settings.backend not in ("docker", "bwrap"):
-        raise fail(f"--backend {settings.backend!r}: use docker or bwrap", EXIT_USAGE)
+    settings = load_settings(warehouse=warehouse, backend=backend)  # a registered backend
     try:
         cfg = TrainConfig(
             tasks=tasks, mapping=mapping, size=size, seed=seed, policy=policy, training_run=name,
