@@ -14,11 +14,10 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.interop.conftest import RealRun, answer_of, run_cli, tasks
+from tests.interop.conftest import RealRun, answer_of, peer_folder, peer_problem, run_cli, tasks
 from tests.scripted_model import Reply, ScriptedModel, text_reply, tool_reply
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -104,22 +103,9 @@ def test_real_peer_output_becomes_a_scored_run(real_run: RealRun, tmp_path: Path
 
 
 # ------------------------------------------------------------------ hand-made peer folders
-def _peer_folder(root: Path, problems: dict[str, Any], *, mode: str = "llm-in-sandbox") -> Path:
-    folder = root / "20261126_025517_math_openai_scripted_LLMinSandbox"
-    (folder / "logs").mkdir(parents=True)
-    (folder / "results.json").write_text(json.dumps({"config": {"mode": mode, "llm_name": "openai/x", "max_steps": 6}, "task": "math", "total": len(problems)}))
-    (folder / "trajectory.json").write_text(json.dumps(problems))
-    return folder
-
-
-def _problem(answer: str = "42", reward: Any = 1.0) -> dict[str, Any]:
-    step = {"thought": "", "reasoning_content": "", "action": {"function": "submit", "parameters": {}}, "observation": "<<< Finished >>>", "metadata": {"step": 1, "exec_time": 0.1}}
-    return {"problem_statement": "What is 6*7?", "trajectory": [step], "reward": reward, "agent_answer": answer, "ground_truth": "42"}
-
-
 def test_malformed_peer_output_is_refused_before_any_work(tmp_path: Path) -> None:
     wh = tmp_path / "wh"
-    folder = _peer_folder(tmp_path, {"p0": _problem(), "p1": _problem(reward="high")})
+    folder = peer_folder(tmp_path, {"p0": peer_problem(), "p1": peer_problem(reward="high")})
     res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
     assert res.exit_code == 2, res.output
     assert "problem 'p1': reward must be a number, got str" in res.output and "Traceback" not in res.output
@@ -137,7 +123,7 @@ def test_malformed_peer_output_is_refused_before_any_work(tmp_path: Path) -> Non
 def test_size_limit_is_checked_before_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import interop.peer_import as peer_import
 
-    folder = _peer_folder(tmp_path, {"p0": _problem()})
+    folder = peer_folder(tmp_path, {"p0": peer_problem()})
     monkeypatch.setattr(peer_import, "MAX_TRAJECTORY_BYTES", 100)
     res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(tmp_path / "wh"))
     assert res.exit_code == 2 and "is over the limit of 100 bytes" in res.output
@@ -149,7 +135,7 @@ def test_hostile_problem_ids_never_reach_outside_files(tmp_path: Path) -> None:
     ERROR line would turn the episode into an infrastructure failure)."""
     outside = tmp_path / "outside.txt"
     outside.write_text("Problem ID: x\nERROR: read from outside the folder\n")
-    folder = _peer_folder(tmp_path, {"../../outside": _problem(), "p/../../outside": _problem(), "plink": _problem(), "perr": _problem(answer="")})
+    folder = peer_folder(tmp_path, {"../../outside": peer_problem(), "p/../../outside": peer_problem(), "plink": peer_problem(), "perr": peer_problem(answer="")})
     (folder / "logs" / "plink.txt").symlink_to(outside)
     (folder / "logs" / "perr.txt").write_text("Problem ID: perr\nERROR: litellm.APIConnectionError: refused\nGround Truth: 42\n")
     wh = tmp_path / "wh"
