@@ -182,9 +182,9 @@ def run_cli(*args: str) -> Any:
 
 
 # ------------------------------------------------------------------ hand-made peer folders
-def peer_folder(root: Path, problems: dict[str, Any], *, mode: str = "llm-in-sandbox") -> Path:
+def peer_folder(root: Path, problems: dict[str, Any], *, mode: str = "llm-in-sandbox", stamp: str = "20261126_025517") -> Path:
     """A folder in llm-in-sandbox 0.2.0's output format (results.json, trajectory.json, logs/)."""
-    folder = root / "20261126_025517_math_openai_scripted_LLMinSandbox"
+    folder = root / f"{stamp}_math_openai_scripted_LLMinSandbox"
     (folder / "logs").mkdir(parents=True)
     (folder / "results.json").write_text(json.dumps({"config": {"mode": mode, "llm_name": "openai/x", "max_steps": 6}, "task": "math", "total": len(problems)}))
     (folder / "trajectory.json").write_text(json.dumps(problems))
