@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,9 +111,12 @@ def test_malformed_peer_output_is_refused_before_any_work(tmp_path: Path) -> Non
     assert res.exit_code == 2, res.output
     assert "problem 'p1': reward must be a number, got str" in res.output and "Traceback" not in res.output
     assert not wh.exists()  # nothing written
-    (folder / "trajectory.json").write_text("[1, 2")
+    (folder / "trajectory.json").write_text('{"p0": {"trajectory": [1, ')
     res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
     assert res.exit_code == 2 and "trajectory.json: not valid JSON" in res.output
+    (folder / "trajectory.json").write_text("[1, 2]")
+    res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
+    assert res.exit_code == 2 and "trajectory.json: expected an object of problem id -> result" in res.output
     res = run_cli("import", "llm-in-sandbox", str(tmp_path / "wh-nothing"), "-w", str(wh))
     assert res.exit_code == 2 and "is not a folder" in res.output
     (tmp_path / "empty").mkdir()
@@ -161,3 +165,95 @@ def test_hostile_problem_ids_never_reach_outside_files(tmp_path: Path) -> None:
 
     log = read_eval_log(str(tmp_path / "logs" / "hostile_sandbox.eval"))
     assert sorted(s.id for s in log.samples) == sorted(by_task)
+
+
+# ------------------------------------------------------------------ host files stay outside
+def test_links_out_of_the_folder_are_refused_not_followed(tmp_path: Path) -> None:
+    """`trajectory.json -> /etc/passwd`, a `results.json` linked to a file outside (whose
+    text went into runs.config), a run folder that is a symlink to one outside: each is
+    refused in one sentence naming where it leads, before anything is written. A link
+    that stays inside the folder is read, as everywhere in sandflow."""
+    wh = tmp_path / "wh"
+    folder = peer_folder(tmp_path / "a", {"p0": peer_problem()})
+    (folder / "trajectory.json").unlink()
+    (folder / "trajectory.json").symlink_to("/etc/passwd")
+    res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
+    assert res.exit_code == 2, res.output
+    assert "trajectory.json" in res.output and "leads to '/etc/passwd'" in res.output and "outside" in res.output
+    assert not wh.exists()
+
+    outside = tmp_path / "secret-results.json"
+    outside.write_text(json.dumps({"config": {"mode": "llm-in-sandbox", "llm_name": "SECRET-FROM-OUTSIDE"}, "task": "math"}))
+    folder = peer_folder(tmp_path / "b", {"p0": peer_problem()})
+    (folder / "results.json").unlink()
+    (folder / "results.json").symlink_to(outside)
+    res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
+    assert res.exit_code == 2, res.output
+    assert "results.json" in res.output and str(outside) in res.output and "SECRET" not in res.output
+    assert not wh.exists()
+
+    elsewhere = peer_folder(tmp_path / "elsewhere", {"p0": peer_problem()})
+    parent = tmp_path / "c"
+    parent.mkdir()
+    (parent / "20261126_000000_math_x_LLMinSandbox").symlink_to(elsewhere)
+    res = run_cli("import", "llm-in-sandbox", str(parent), "-w", str(wh))
+    assert res.exit_code == 2, res.output
+    assert "is a symlink to" in res.output and str(elsewhere) in res.output
+    assert not wh.exists()
+
+    # inside the folder, a link is read as the file it names
+    folder = peer_folder(tmp_path / "d", {"p0": peer_problem(), "p1": peer_problem(answer="41")})
+    (folder / "data").mkdir()
+    (folder / "trajectory.json").rename(folder / "data" / "t.json")
+    (folder / "trajectory.json").symlink_to("data/t.json")
+    res = run_cli("import", "llm-in-sandbox", str(folder), "--run-id", "linked-inside", "-w", str(wh))
+    assert res.exit_code == 0, res.output
+    assert "-> 2 episodes of run linked-inside" in res.output
+
+
+def _big_problem(n_steps: int, obs_bytes: int) -> dict[str, Any]:
+    step = {"thought": "look", "action": {"function": "execute_bash", "parameters": {"command": "cat big"}}, "observation": "x" * obs_bytes, "metadata": {"exec_time": 0.1}}
+    return {**peer_problem(), "trajectory": [step] * n_steps + peer_problem()["trajectory"]}
+
+
+def test_a_problem_over_the_parse_bound_is_refused_while_parsing(tmp_path: Path) -> None:
+    """One problem of ~40 KB of JSON against a bound of 16 KB (set through the parameter,
+    as `--max-problem-bytes` does): refused naming the problem's place and the bound,
+    nothing written; the same file imports under a bound it fits."""
+    folder = peer_folder(tmp_path, {"p0": peer_problem(), "p1": _big_problem(10, 4000), "p2": peer_problem()})
+    wh = tmp_path / "wh"
+    res = run_cli("import", "llm-in-sandbox", str(folder), "--max-problem-bytes", "16384", "-w", str(wh))
+    assert res.exit_code == 2, res.output
+    assert "problem 2 (after 'p0') is over the limit of 16384 bytes of JSON per problem" in res.output
+    assert "--max-problem-bytes" in res.output and not wh.exists()
+    res = run_cli("import", "llm-in-sandbox", str(folder), "--max-problem-bytes", "65536", "--run-id", "fits", "-w", str(wh))
+    assert res.exit_code == 0 and "-> 3 episodes of run fits" in res.output, res.output
+
+
+def test_parsing_memory_is_bounded_by_a_problem_not_by_the_file(tmp_path: Path) -> None:
+    """A 6 MB trajectory of 150 problems of ~40 KB: checking it (the whole first pass)
+    allocates at most a few problems' worth of Python objects, not the file's (one
+    `json.loads` of the file allocated more than the file's size); importing it holds
+    one problem at a time as well."""
+    import tracemalloc
+
+    from interop.peer_import import import_peer, read_run
+
+    warm = peer_folder(tmp_path / "warm", {"p0": _big_problem(10, 4000)})  # modules imported once,
+    import_peer(tmp_path / "warm-wh", warm, run_id="warm")  # so their memory is not counted
+    problems = {f"p{i}": _big_problem(10, 4000) for i in range(150)}
+    folder = peer_folder(tmp_path / "big", problems)
+    size = (folder / "trajectory.json").stat().st_size
+    assert size > 6_000_000
+    tracemalloc.start()
+    try:
+        run = read_run(folder)
+        _cur, peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        summary = import_peer(tmp_path / "wh", folder, run_id="big")
+        _cur, import_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(run.problems) == 150 and summary.episodes == 150
+    assert peak < size / 10, (peak, size)  # measured: 0.32 MB for the 6.3 MB file (json.loads: 13.9 MB)
+    assert import_peak < size / 2, (import_peak, size)
