@@ -329,7 +329,8 @@ def push_to_hub(folder: Path | str, repo: str, *, private: bool = True, token: s
 
         api = HfApi(token=token)
         api.create_repo(repo, repo_type="dataset", private=private, exist_ok=True)
-        info = api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="dataset")
+        # data files are named by their content: the repository's older ones go with this upload
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="dataset", delete_patterns=["data/*.parquet"])
     except Exception as exc:  # the hub client raises many kinds; one sentence for the user
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HubError(f"upload of {folder} to hub dataset {repo!r} failed: {first}") from None
