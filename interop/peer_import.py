@@ -35,8 +35,8 @@ Hostile input: every file is read under the path rules of the rest of sandflow
 `trajectory.json` or `results.json` linked to a host file is refused, naming where it
 leads), only regular files are opened, and what was opened is checked to be inside.
 `trajectory.json` is parsed as a stream, one problem at a time (ijson), so memory is
-bounded by the largest problem (`max_problem_bytes` of JSON text, refused past it), not
-by the file: the whole file as one `json.loads` took 6.6x its size (a 402 MB trajectory
+bounded by the largest problem (`max_problem_bytes` of JSON text and MAX_DEPTH levels of
+nesting, refused past either), not by the file: the whole file as one `json.loads` took 6.6x its size (a 402 MB trajectory
 peaked at 2.65 GB). It is read twice (checked whole before anything is written, then
 recorded), and what is kept between the passes is only the tasks (statement and ground
 truth per problem) and the problem ids. A problem id names a log file only when it is a
@@ -69,7 +69,8 @@ from warehouse.rundata import RunData
 from warehouse.schema import RUN_ID_RE
 
 MAX_TRAJECTORY_BYTES = 16 << 30  # trajectory.json as a whole (streamed: this bounds time, not memory)
-MAX_PROBLEM_BYTES = 32 << 20  # one problem's JSON text: what is ever parsed at once
+MAX_PROBLEM_BYTES = 16 << 20  # one problem's JSON text: what is ever parsed at once (worst 24x in memory)
+MAX_DEPTH = 100  # nesting of one problem's JSON (the peer writes 4-5 levels)
 MAX_RESULTS_BYTES = 1 << 20
 _CHUNK = 1 << 16  # bytes per read of trajectory.json
 MAX_LOG_BYTES = 64 << 10  # only the head of a problem's log is read (its error line)
@@ -190,7 +191,7 @@ def _problems(folder: Path, max_problem_bytes: int, expect: os.stat_result | Non
         stream = _Stream(fd, path, MAX_TRAJECTORY_BYTES, max_problem_bytes, chunk)
         seen: set[str] = set()
         try:
-            for pid, item in ijson.kvitems(stream, "", use_float=True, buf_size=chunk):
+            for pid, item in _top_items(stream, chunk):
                 stream.done(pid)
                 if pid in seen:
                     raise PeerFormatError(f"{path}: problem {pid!r} appears twice")
@@ -202,6 +203,32 @@ def _problems(folder: Path, max_problem_bytes: int, expect: os.stat_result | Non
             raise PeerFormatError(f"{path}: not valid JSON ({first}, near byte {stream.pos})") from None
     finally:
         os.close(fd)
+
+
+def _top_items(stream: _Stream, chunk: int) -> Iterator[tuple[str, Any]]:
+    """(key, value) of the top-level object, each value built from the parser's events
+    with its nesting bounded (MAX_DEPTH): ijson's own item builder took gigabytes on a
+    4 MB `[[[[...` and was killed; here such a problem is one sentence."""
+    events = ijson.basic_parse(stream, use_float=True, buf_size=chunk)
+    for ev, key in events:
+        if ev == "end_map":
+            return
+        if ev != "map_key":
+            continue  # the top-level start_map (anything else was refused by _Stream)
+        builder, depth = ijson.ObjectBuilder(), 0
+        for ev, value in events:
+            builder.event(ev, value)
+            if ev in ("start_map", "start_array"):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise PeerFormatError(
+                        f"{stream.path}: problem {stream.problem + 1} ({key!r}) is nested more than {MAX_DEPTH} levels deep"
+                    )
+            elif ev in ("end_map", "end_array"):
+                depth -= 1
+            if depth == 0:
+                break
+        yield key, builder.value
 
 
 def _check_problem(where: str, item: Any) -> None:

@@ -159,7 +159,7 @@ def import_peer_cmd(
         None, "--tasks", help="The sandflow task set the peer ran (its verifiers score; `compare` pairs by its hash)."
     ),
     max_problem_bytes: int | None = typer.Option(
-        None, "--max-problem-bytes", min=1, help="The most JSON text of one problem that is parsed, bounding the memory (default 32 MiB)."
+        None, "--max-problem-bytes", min=1, help="The most JSON text of one problem that is parsed, bounding the memory (default 16 MiB)."
     ),
     warehouse: Path | None = _WH,
 ) -> None:

@@ -230,6 +230,20 @@ def test_a_problem_over_the_parse_bound_is_refused_while_parsing(tmp_path: Path)
     assert res.exit_code == 0 and "-> 3 episodes of run fits" in res.output, res.output
 
 
+def test_a_problem_nested_too_deep_is_refused_while_parsing(tmp_path: Path) -> None:
+    """`[[[[...` 5,000 levels deep in one problem's step (10 KB): one sentence naming
+    the problem and the depth bound, nothing written (ijson's own builder took gigabytes
+    on 4 MB of it and was killed; `json.loads` raised RecursionError, a traceback)."""
+    folder = peer_folder(tmp_path, {"p0": peer_problem()})
+    deep = b"[" * 5_000 + b"]" * 5_000
+    (folder / "trajectory.json").write_bytes(b'{"p0": {"problem_statement": "x", "trajectory": [{"action": ' + deep + b"}]}}")
+    wh = tmp_path / "wh"
+    res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
+    assert res.exit_code == 2, res.output
+    assert "problem 1 ('p0') is nested more than 100 levels deep" in res.output and "Traceback" not in res.output
+    assert not wh.exists()
+
+
 def test_parsing_memory_is_bounded_by_a_problem_not_by_the_file(tmp_path: Path) -> None:
     """A 6 MB trajectory of 150 problems of ~40 KB: checking it (the whole first pass)
     allocates at most a few problems' worth of Python objects, not the file's (one
