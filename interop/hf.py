@@ -22,7 +22,9 @@ Both stream: rows are written `BATCH` at a time, never the whole run in memory.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +41,7 @@ from interop.summary import Summary
 from warehouse.fields import OBSERVATION
 
 RL_TABLES = ("trajectories", "taskset", "tokens")  # the default config first
+DIGEST_CHARS = 16  # hex digits of a data file's SHA-256 in its name (publish)
 NO_PROMPT_IDS = "per-turn prompt token ids (the token-level rollouts rebuild them)"
 NO_EGRESS = "egress requests"
 
@@ -126,6 +129,33 @@ def episode_row(ep: Episode, summary: Summary) -> dict[str, Any]:
     }
 
 
+def publish(tmp: Path, folder: Path, stem: str) -> str:
+    """Rename the written file `tmp` to `<stem>-<hash of its bytes>.parquet` in `folder`;
+    the new name.
+
+    `datasets` keys its cache by the dataset folder's *name* and the card's data-file
+    paths as written (not their absolute paths, sizes or times): two exports in
+    `/a/x` and `/b/x` that both said `data/sandbox.parquet` shared one cache entry, and
+    the second `load_dataset` returned the first's rows. With the content in the name,
+    two different exports never name the same file, and equal names mean equal bytes."""
+    digest = hashlib.sha256()
+    with tmp.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    name = f"{stem}-{digest.hexdigest()[:DIGEST_CHARS]}.parquet"
+    tmp.replace(inside(folder, name))
+    return name
+
+
+def drop_stale(folder: Path, stem: str, keep: str) -> None:
+    """Remove the data files an earlier export of `stem` left in `folder` (`<stem>.parquet`
+    or `<stem>-<hash>.parquet`, never anything else), once the card names `keep`."""
+    pattern = re.compile(rf"{re.escape(stem)}(-[0-9a-f]{{{DIGEST_CHARS}}})?\.parquet")
+    for p in folder.iterdir():
+        if p.name != keep and pattern.fullmatch(p.name) and (p.is_file() or p.is_symlink()):
+            p.unlink(missing_ok=True)
+
+
 def _yaml_str(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)  # a JSON string is a valid YAML scalar
 
@@ -149,7 +179,7 @@ def _md(text: Any) -> str:
 
 
 def export_hf_run(root: Path | str, run_id: str, out: Path | str) -> Summary:
-    """One run -> a dataset folder: data/<mode>.parquet per mode, README.md."""
+    """One run -> a dataset folder: data/<mode>-<hash>.parquet per mode, README.md."""
     folder = Path(out)
     summary = Summary("hf", folder)
     counts: dict[str, Counter[str]] = {}
@@ -158,9 +188,9 @@ def export_hf_run(root: Path | str, run_id: str, out: Path | str) -> Summary:
         prepare_out(folder)
         data = prepare_out(inside(folder, "data"))
         splits = []
+        written: list[tuple[Path, str, str]] = []
         for mode in src.modes():
-            path = inside(data, f"{mode}.parquet") if mode.isidentifier() else None
-            if path is None:
+            if not mode.isidentifier():
                 summary.skip(f"mode {mode!r} is not a valid split name")
                 continue
             c = counts.setdefault(mode, Counter())
@@ -179,14 +209,17 @@ def export_hf_run(root: Path | str, run_id: str, out: Path | str) -> Summary:
                         rows = []
                 if rows:
                     w.write_table(pa.Table.from_pylist(rows, schema=EPISODE_SCHEMA))
-            tmp.replace(path)
-            splits.append((mode, f"data/{mode}.parquet"))
+            name = publish(tmp, data, mode)
+            written.append((data, mode, name))
+            splits.append((mode, f"data/{name}"))
             summary.episodes += c["episodes"]
             summary.files += 1
         info = src.info
         summary.extra["skipped_files"] = src.skipped_files
     body = _run_card_body(run_id, info, counts)
     write_text(folder, "README.md", _card(f"sandflow run {run_id}", [("default", splits)], body))
+    for where, stem, name in written:  # the card names the new files: earlier exports' go
+        drop_stale(where, stem, name)
     summary.files += 1
     summary.extra["splits"] = {m: dict(c) for m, c in counts.items()}
     return summary
@@ -247,6 +280,7 @@ def export_hf_rlset(source: Path | str, out: Path | str) -> Summary:
     configs: list[tuple[str, list[tuple[str, str]]]] = []
     tables: list[tuple[str, int, pa.Schema]] = []
     runs: set[str] = set()
+    written: list[tuple[Path, str, str]] = []
     for name in RL_TABLES:
         path = src / f"{name}.parquet"
         if not path.is_file():
@@ -256,15 +290,16 @@ def export_hf_rlset(source: Path | str, out: Path | str) -> Summary:
         except (pa.ArrowInvalid, OSError) as exc:
             raise RLSetError(f"{path}: not a readable Parquet file ({exc})") from None
         sub = prepare_out(inside(prepare_out(folder / "data"), name))
-        dest, tmp = inside(sub, "train.parquet"), inside(sub, ".tmp-train.parquet")
+        tmp = inside(sub, ".tmp-train.parquet")
         with pq.ParquetWriter(tmp, pf.schema_arrow, compression="zstd") as w:
             for batch in pf.iter_batches(batch_size=batch_size() * 4):
                 w.write_batch(batch)
                 if "run_id" in batch.schema.names:
                     runs.update(v for v in batch.column("run_id").to_pylist() if v)
-        tmp.replace(dest)
+        file = publish(tmp, sub, "train")
+        written.append((sub, "train", file))
         n = pf.metadata.num_rows
-        configs.append((name, [("train", f"data/{name}/train.parquet")]))
+        configs.append((name, [("train", f"data/{name}/{file}")]))
         tables.append((name, n, pf.schema_arrow))
         summary.files += 1
         if name == "trajectories":
@@ -277,6 +312,8 @@ def export_hf_rlset(source: Path | str, out: Path | str) -> Summary:
         body += ["", f"## Schema: {n}", "", "| column | type |", "| --- | --- |"]
         body += [f"| {f.name} | {_md(f.type)} |" for f in schema]
     write_text(folder, "README.md", _card("sandflow RL set", configs, "\n".join(body)))
+    for where, stem, file in written:
+        drop_stale(where, stem, file)
     summary.files += 1
     summary.extra["configs"] = {n: rows for n, rows, _s in tables}
     return summary
@@ -292,7 +329,8 @@ def push_to_hub(folder: Path | str, repo: str, *, private: bool = True, token: s
 
         api = HfApi(token=token)
         api.create_repo(repo, repo_type="dataset", private=private, exist_ok=True)
-        info = api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="dataset")
+        # data files are named by their content: the repository's older ones go with this upload
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="dataset", delete_patterns=["data/*.parquet"])
     except Exception as exc:  # the hub client raises many kinds; one sentence for the user
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise HubError(f"upload of {folder} to hub dataset {repo!r} failed: {first}") from None

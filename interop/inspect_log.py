@@ -4,7 +4,7 @@ The `.eval` format is a zip: `header.json` (the EvalLog without samples: spec, p
 results, stats), `samples/<id>_epoch_<n>.json` (one EvalSample each),
 `summaries.json` (the sample list `inspect view` shows) and `_journal/start.json`.
 It is written here as plain JSON into a zip, so inspect-ai is not a dependency of
-sandflow; the tests read every log back with `inspect_ai.log.read_eval_log`.
+sandflow; the tests read every log back with each public reader of inspect-ai's log API.
 
 Streaming: samples go into the zip one at a time; summaries are spooled to a temporary
 file and copied in at the end; results and usage are running sums. What maps to what:
@@ -17,15 +17,24 @@ file and copied in at the end; results and usage are running sums. What maps to 
   `{}` with `parse_error` naming it and holding the raw text), each observation as a
   tool message (time-outs and tool errors as its `error`; exit code, OOM kill,
   truncation and duration in its `metadata`), then messages appended after the tools;
-- scores: the current score under its verifier's name (value, answer, reason as
-  explanation, passed in metadata); results: accuracy and its standard error per
-  verifier; model_usage: prompt / completion / cached / reasoning tokens;
+- ids: every message has one (`<episode id>-m<n>`), every event (`-e<n>`), the sample
+  (`-s`); the header lists the task ids (`dataset.sample_ids`) and the epochs, which
+  `read_eval_log_samples` walks; a grid that lacks a (task, epoch) is `cancelled`;
+- events: a model event per turn (its input as references into the sample's message
+  pool, `events_data`: the messages before its reply, never a copy per turn), a tool
+  event per tool call, a score event: what `events_df`, `messages_df` and the
+  transcript of `inspect view` read;
+- scores: the current score under the run's scorer `sandflow` and under its verifier's
+  name (value, answer, reason as explanation, passed in metadata); results: first the
+  run's accuracy over every scored sample (the headline: the log list and `evals_df`
+  show it), then accuracy and its standard error per verifier; model_usage: prompt /
+  completion / cached / reasoning tokens;
 - infrastructure failures (model_error, sandbox_error, interrupted) become the sample's
   `error`; max_steps / wall_clock / context_exhausted its `limit` (turn / time /
   context) when the episode's config names the limit.
 
-Not carried over: token ids and logprobs (Inspect keeps logprobs per choice of one
-generation, not per turn; the ATIF and Hugging Face exports carry them), egress
+Not carried over: token ids and logprobs (Inspect's logprobs name each token's text;
+sandflow records token ids; the ATIF and Hugging Face exports carry them), egress
 requests; the summary counts the episodes concerned.
 """
 
@@ -38,7 +47,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +56,13 @@ from interop.names import atomic_open, prepare_out, safe_name
 from interop.source import Episode, RunSource, quote
 from interop.summary import Summary
 from tasks.records import TurnRecord
+from tasks.tools import TOOL_SCHEMAS
 
 LOG_VERSION = 2  # EvalLog.version inspect-ai 0.3.x writes and reads
 _STOP = {"stop": "stop", "tool_calls": "tool_calls", "length": "max_tokens", "content_filter": "content_filter"}
+RUN_SCORER = "sandflow"  # every scored sample's verdict, whatever verifier gave it: the headline
 _LIMITS = {"max_steps": ("turn", "max_steps"), "wall_clock": ("time", "wall_clock_s"), "context_exhausted": ("context", "context_tokens")}
-NO_TOKEN_IDS = "token ids and logprobs (Inspect has no per-turn place for them)"
+NO_TOKEN_IDS = "token ids and logprobs (Inspect's logprobs name token texts, not ids)"
 NO_EGRESS = "egress requests"
 
 
@@ -95,13 +106,109 @@ def _plain(m: dict[str, Any]) -> dict[str, Any]:
     return {"role": role, "content": text_of(m.get("content"))}
 
 
-def messages(ep: Episode) -> list[dict[str, Any]]:
+def message_id(episode_id: str, index: int) -> str:
+    """A message's id: stable (the same export twice gives the same ids) and unique in
+    the log (episode ids are), as `messages_df` and the events' `message_id` need."""
+    return f"{episode_id}-m{index}"
+
+
+def messages(ep: Episode) -> tuple[list[dict[str, Any]], list[int]]:
+    """The sample's messages, each with its id, and for each turn the index of its
+    assistant message (the turn's model input is every message before it)."""
     e = ep.record
     out = [_plain(m) for m in e.prompt_messages]
+    starts: list[int] = []
     for t in ep.turns:
+        starts.append(len(out))
         out.append(_assistant(t, e.model))
         out.extend(_tool(o) for o in t.observations)
         out.extend(_plain(m) for m in t.extra_messages)
+    for i, m in enumerate(out):
+        m["id"] = message_id(e.episode_id, i)
+    return out, starts
+
+
+def _tool_infos(mode: str) -> list[dict[str, Any]]:
+    """The tools the model was offered, as Inspect's ToolInfo (sandbox mode: the three)."""
+    if mode != "sandbox":
+        return []
+    return [{k: f["function"].get(k) for k in ("name", "description", "parameters")} for f in TOOL_SCHEMAS]
+
+
+def _at(t0: datetime | None, seconds: float) -> str | None:
+    return iso(t0 + timedelta(seconds=seconds)) if t0 is not None else None
+
+
+def events(ep: Episode, msgs: list[dict[str, Any]], starts: list[int], score: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The sample's transcript as Inspect events: a model event per turn (its input as
+    references into the sample's message pool, `events_data`, not a copy per turn), a
+    tool event per tool call, a score event for the verdict."""
+    e = ep.record
+    out: list[dict[str, Any]] = []
+    tools = _tool_infos(e.mode)
+    elapsed = 0.0  # working time since the episode's start
+
+    def new(kind: str, at: datetime | None, **fields: Any) -> dict[str, Any]:
+        ev = {"event": kind, "uuid": f"{e.episode_id}-e{len(out)}", "timestamp": iso(at) or iso(e.started_at), "working_start": elapsed, **fields}
+        out.append(ev)
+        return ev
+
+    for t, start in zip(ep.turns, starts, strict=True):
+        msg = msgs[start]
+        u = t.usage
+        usage = {
+            "input_tokens": u.prompt_tokens or 0,
+            "output_tokens": u.completion_tokens or 0,
+            "total_tokens": (u.prompt_tokens or 0) + (u.completion_tokens or 0),
+            "input_tokens_cache_read": u.cached_tokens,
+            "reasoning_tokens": u.reasoning_tokens,
+        }
+        new(
+            "model",
+            t.started_at,
+            model=e.model,
+            input=[],
+            input_refs=[[0, start]] if start else [],
+            tools=tools,
+            tool_choice="auto" if tools else "none",
+            config={"max_tokens": t.request_max_tokens} if t.request_max_tokens else {},
+            output={
+                "model": e.model,
+                "choices": [{"message": msg, "stop_reason": _STOP.get(t.finish_reason or "", "unknown")}],
+                "usage": usage,
+                "time": t.model_latency_s,
+            },
+            retries=max(t.attempts - 1, 0),
+            error=t.error,
+            completed=_at(t.started_at, t.model_latency_s),
+            working_time=t.model_latency_s,
+        )
+        elapsed += t.model_latency_s
+        calls = {c["id"]: c for c in msg.get("tool_calls") or []}
+        tool_msgs = {m.get("tool_call_id"): m for m in msgs[start + 1 : start + 1 + len(t.observations)]}
+        at = t.started_at + timedelta(seconds=t.model_latency_s)
+        for o in t.observations:
+            call = calls.get(o.tool_call_id) or {"arguments": {}}
+            tm = tool_msgs.get(o.tool_call_id) or {}
+            ev = new(
+                "tool",
+                at,
+                type="function",
+                id=o.tool_call_id,
+                function=o.name,
+                arguments=call.get("arguments") or {},
+                result=o.content,
+                completed=_at(at, o.duration_s or 0.0),
+                working_time=o.duration_s or 0.0,
+                message_id=tm.get("id"),
+            )
+            if "error" in tm:
+                ev["error"] = tm["error"]
+            at += timedelta(seconds=o.duration_s or 0.0)
+            elapsed += o.duration_s or 0.0
+    if score is not None:
+        verifier, value = next(iter(score.items()))
+        new("score", e.ended_at, score=value, target=ep.ground_truth or "", scorer=verifier, intermediate=False)
     return out
 
 
@@ -123,24 +230,25 @@ def _input(ep: Episode) -> str:
 def sample(ep: Episode, summary: Summary) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the EvalSample, its EvalSampleSummary) of one episode, as JSON-ready dicts."""
     e = ep.record
-    msgs = messages(ep)
+    msgs, starts = messages(ep)
     last = next((m for m in reversed(msgs) if m["role"] == "assistant"), None)
     finish = ep.turns[-1].finish_reason if ep.turns else None
     output: dict[str, Any] = {"model": e.model, "choices": [], "completion": e.answer or ""}
     if last is not None:
         output["choices"] = [{"message": last, "stop_reason": _STOP.get(finish or "", "unknown")}]
     output["usage"] = _usage(e)
-    scores = None
+    scores = own = None
     if ep.score is not None:
         s = ep.score
-        scores = {
-            s.verifier: {
-                "value": s.score,
-                "answer": e.answer,
-                "explanation": s.reason,
-                "metadata": {"passed": s.passed, "verifier": s.verifier},
-            }
+        verdict = {
+            "value": s.score,
+            "answer": e.answer,
+            "explanation": s.reason,
+            "metadata": {"passed": s.passed, "verifier": s.verifier},
         }
+        # under the run's scorer (every scored sample: the headline) and its verifier's
+        scores = {s.verifier: verdict} if s.verifier == RUN_SCORER else {RUN_SCORER: verdict, s.verifier: dict(verdict)}
+        own = {s.verifier: verdict}
     metadata = {**e.identity(), "termination": e.termination, "answer_source": e.answer_source}
     common: dict[str, Any] = {
         "id": e.task_id,
@@ -156,7 +264,15 @@ def sample(ep: Episode, summary: Summary) -> tuple[dict[str, Any], dict[str, Any
     }
     if scores:
         common["scores"] = scores
-    full: dict[str, Any] = {**common, "messages": msgs, "output": output, "turn_count": len(ep.turns)}
+    full: dict[str, Any] = {
+        **common,
+        "messages": msgs,
+        "output": output,
+        "turn_count": len(ep.turns),
+        "uuid": f"{e.episode_id}-s",
+        "events": events(ep, msgs, starts, own),
+        "events_data": {"messages": msgs, "calls": []},
+    }
     short: dict[str, Any] = {**common, "completed": True, "message_count": len(msgs), "turn_count": len(ep.turns)}
     if e.is_infra_failure:
         msg = e.error or f"episode ended with {e.termination}"
@@ -177,24 +293,29 @@ def sample(ep: Episode, summary: Summary) -> tuple[dict[str, Any], dict[str, Any
 
 @dataclass
 class _Tally:
-    """Running sums for one log's results and stats (nothing per sample is kept)."""
+    """Running sums for one log's results and stats (per sample only its task id, once)."""
 
     total: int = 0
     completed: int = 0
-    scores: dict[str, list[float]] = field(default_factory=dict)  # verifier -> [n, sum, sumsq]
+    scores: dict[str, list[float]] = field(default_factory=dict)  # scorer -> [n, sum, sumsq]
     usage: dict[str, dict[str, int]] = field(default_factory=dict)
     started: datetime | None = None
     ended: datetime | None = None
+    sample_ids: dict[str, None] = field(default_factory=dict)  # task ids in order, once each
+    epochs: int = 0
 
     def add(self, ep: Episode) -> None:
         e = ep.record
         self.total += 1
         self.completed += 0 if e.is_infra_failure else 1
+        self.sample_ids.setdefault(e.task_id, None)
+        self.epochs = max(self.epochs, e.sample_index + 1)
         if ep.score is not None:
-            acc = self.scores.setdefault(ep.score.verifier, [0.0, 0.0, 0.0])
-            acc[0] += 1
-            acc[1] += ep.score.score
-            acc[2] += ep.score.score**2
+            for name in dict.fromkeys((RUN_SCORER, ep.score.verifier)):
+                acc = self.scores.setdefault(name, [0.0, 0.0, 0.0])
+                acc[0] += 1
+                acc[1] += ep.score.score
+                acc[2] += ep.score.score**2
         u = self.usage.setdefault(e.model, {})
         for k, v in _usage(e).items():
             u[k] = u.get(k, 0) + v
@@ -203,9 +324,19 @@ class _Tally:
         if e.ended_at and (self.ended is None or e.ended_at > self.ended):
             self.ended = e.ended_at
 
+    @property
+    def complete(self) -> bool:
+        """Every task has every epoch (what Inspect's "success" promises its readers)."""
+        return self.total == len(self.sample_ids) * self.epochs
+
     def results(self) -> dict[str, Any]:
+        """Inspect's results: the run's accuracy over every scored sample first (the
+        headline that `inspect view`'s log list and `evals_df` show), then one entry per
+        verifier over the samples it scored."""
         out = []
-        for name, (n, s, sq) in sorted(self.scores.items()):
+        names = sorted(self.scores, key=lambda n: (n != RUN_SCORER, n))
+        for name in names:
+            n, s, sq = self.scores[name]
             mean = s / n
             var = max(sq / n - mean**2, 0.0) * n / (n - 1) if n > 1 else 0.0
             out.append(
@@ -221,7 +352,10 @@ class _Tally:
                     },
                 }
             )
-        return {"total_samples": self.total, "completed_samples": self.completed, "scores": out}
+        results: dict[str, Any] = {"total_samples": self.total, "completed_samples": self.completed, "scores": out}
+        if RUN_SCORER in self.scores:
+            results["headline"] = {"scorer": RUN_SCORER, "score": RUN_SCORER, "metric": "accuracy"}
+        return results
 
 
 def _spec(run: dict[str, Any], run_id: str, mode: str, model: str, samples: int) -> dict[str, Any]:
@@ -283,15 +417,17 @@ def _write_log(folder: Path, name: str, spec: dict[str, Any], mode: str, episode
             while chunk := spool.read(1 << 20):
                 out.write(chunk.encode("utf-8"))
             out.write(b"]")
-        spec["dataset"]["samples"] = tally.total
+        spec["dataset"]["samples"] = len(tally.sample_ids)
+        spec["dataset"]["sample_ids"] = list(tally.sample_ids)
+        spec["config"]["epochs"] = max(tally.epochs, 1)
         stats = {
             "started_at": iso(tally.started) or "",
             "completed_at": iso(tally.ended) or "",
             "model_usage": tally.usage,
         }
-        header = {
+        header: dict[str, Any] = {
             "version": LOG_VERSION,
-            "status": "success",
+            "status": "success" if tally.complete else "cancelled",
             "eval": spec,
             "plan": plan,
             "results": tally.results(),

@@ -30,21 +30,35 @@ What maps to what (docs/interop.md):
 
 Not carried over (the peer does not record them): token counts, timestamps per step
 (the folder name's timestamp is the start), the system prompt (not in its output).
-Hostile input: files are size-checked before they are read, a problem id names a log
-file only when it is a plain file name inside `logs/`, and every bad field is one
-sentence naming the file, problem and field.
+Hostile input: every file is read under the path rules of the rest of sandflow
+(datasets_prep.paths): no symlink that leaves the output folder is followed (a
+`trajectory.json` or `results.json` linked to a host file is refused, naming where it
+leads), only regular files are opened, and what was opened is checked to be inside.
+`trajectory.json` is parsed as a stream, one problem at a time (ijson), so memory is
+bounded by the largest problem (`max_problem_bytes` of JSON text and MAX_DEPTH levels of
+nesting, refused past either), not by the file: the whole file as one `json.loads` took 6.6x its size (a 402 MB trajectory
+peaked at 2.65 GB). It is read twice (checked whole before anything is written, then
+recorded), and what is kept between the passes is only the tasks (statement and ground
+truth per problem) and the problem ids. A problem id names a log file only when it is a
+plain file name inside `logs/` (a symlinked log is never opened), and every bad field is
+one sentence naming the file, problem and field.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import ijson
+
 from analysis.scoring import score_episodes
+from datasets_prep.paths import UnsafePathError, folder_to_walk, open_regular, resolve_inside
 from datasets_prep.task import Task, TaskSet
 from datasets_prep.verifiers import VerifierError
 from interop.names import safe_name
@@ -54,8 +68,11 @@ from warehouse import Warehouse
 from warehouse.rundata import RunData
 from warehouse.schema import RUN_ID_RE
 
-MAX_TRAJECTORY_BYTES = 2 << 30  # trajectory.json: 2 GiB (one JSON object; read whole)
+MAX_TRAJECTORY_BYTES = 16 << 30  # trajectory.json as a whole (streamed: this bounds time, not memory)
+MAX_PROBLEM_BYTES = 16 << 20  # one problem's JSON text: what is ever parsed at once (worst 24x in memory)
+MAX_DEPTH = 100  # nesting of one problem's JSON (the peer writes 4-5 levels)
 MAX_RESULTS_BYTES = 1 << 20
+_CHUNK = 1 << 16  # bytes per read of trajectory.json
 MAX_LOG_BYTES = 64 << 10  # only the head of a problem's log is read (its error line)
 MODES = {"llm-in-sandbox": "sandbox", "llm": "llm"}
 _EXIT = re.compile(r"^Exit code: (-?\d+)")
@@ -70,7 +87,8 @@ class PeerFormatError(ValueError):
 
 @dataclass
 class PeerRun:
-    """One peer output folder, read and checked."""
+    """One peer output folder, read and checked: `problems` holds each problem's
+    statement and ground truth only; `items()` streams the full problems again."""
 
     folder: Path
     mode: str
@@ -78,19 +96,161 @@ class PeerRun:
     task: str
     started: datetime
     problems: dict[str, dict[str, Any]]
+    stat: os.stat_result
+    max_problem_bytes: int = MAX_PROBLEM_BYTES
+
+    def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The problems in full, one at a time, from the same (unchanged) file."""
+        for pid, item in _problems(self.folder, self.max_problem_bytes, expect=self.stat):
+            if pid not in self.problems:
+                raise PeerFormatError(f"{self.folder / 'trajectory.json'}: changed while it was being imported")
+            yield pid, item
 
 
-def _read_json(path: Path, limit: int) -> Any:
+def _open(folder: Path, name: str, limit: int, what: str) -> tuple[int, os.stat_result]:
+    """An fd of the regular file `folder/name`, under the path rules of datasets_prep.paths
+    (no symlink out of `folder`, only a regular file, the opened file checked to be
+    inside), and its stat; refused when over `limit` bytes (`what` names the bound)."""
+    path = folder / name
     try:
-        size = path.stat().st_size
+        real_root = folder_to_walk(folder, "the peer's output folder")
+        target = resolve_inside(real_root, name)
+        st = os.stat(target)
+        if st.st_size > limit:
+            raise PeerFormatError(f"{path}: {st.st_size} bytes is over the limit of {limit} bytes ({what})")
+        return open_regular(target, root=real_root, expect=st), st
+    except FileNotFoundError:
+        raise PeerFormatError(f"{path}: missing") from None
+    except UnsafePathError as exc:
+        raise PeerFormatError(f"{path}: {exc}") from None
     except OSError as exc:
         raise PeerFormatError(f"{path}: cannot read ({exc.strerror})") from None
-    if size > limit:
-        raise PeerFormatError(f"{path}: {size} bytes is over the limit of {limit} bytes")
+
+
+def _read_json(folder: Path, name: str, limit: int) -> Any:
+    """A small JSON file of the folder (results.json), read whole under `limit`."""
+    fd, st = _open(folder, name, limit, "the most read whole")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(st.st_size + 1)  # its size (bounded above), not a limit-sized buffer
+        if len(data) > st.st_size:  # it grew after the check: read on, still bounded
+            data += f.read(limit + 1 - len(data))
+    if len(data) > limit:
+        raise PeerFormatError(f"{folder / name}: over the limit of {limit} bytes (it grew while being read)")
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(data)
     except ValueError as exc:
-        raise PeerFormatError(f"{path}: not valid JSON ({exc})") from None
+        raise PeerFormatError(f"{folder / name}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise PeerFormatError(f"{folder / name}: nested too deeply to be read") from None
+
+
+class _Stream:
+    """trajectory.json as ijson reads it: bytes counted, the file's bound and the current
+    problem's bound enforced while parsing (before that problem is built), so a problem
+    larger than `per_problem` costs at most that many bytes of parsing."""
+
+    def __init__(self, fd: int, path: Path, total: int, per_problem: int, chunk: int) -> None:
+        self.fd, self.path, self.total, self.per_problem, self.chunk = fd, path, total, per_problem, chunk
+        self.pos = self.mark = 0
+        self.problem = 0  # problems read so far
+        self.last: str | None = None  # the last problem's id
+        self.first = True
+
+    def read(self, n: int = -1) -> bytes:
+        if n == 0:
+            return b""
+        data = os.read(self.fd, n if n > 0 else self.chunk)
+        if self.first and data.strip():
+            self.first = False
+            if data.lstrip()[:1] != b"{":
+                raise PeerFormatError(f"{self.path}: expected an object of problem id -> result")
+        self.pos += len(data)
+        if self.pos > self.total:
+            raise PeerFormatError(f"{self.path}: over the limit of {self.total} bytes (it grew while being read)")
+        if self.pos - self.mark > self.per_problem + self.chunk:
+            after = f" (after {self.last!r})" if self.last is not None else ""
+            raise PeerFormatError(
+                f"{self.path}: problem {self.problem + 1}{after} is over the limit of {self.per_problem} bytes "
+                "of JSON per problem (what is parsed at once; raise it with --max-problem-bytes)"
+            )
+        return data
+
+    def done(self, pid: str) -> None:
+        self.mark, self.problem, self.last = self.pos, self.problem + 1, pid
+
+
+def _problems(folder: Path, max_problem_bytes: int, expect: os.stat_result | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(problem id, its object) from `folder/trajectory.json`, one at a time, each checked.
+    `expect`: the file's stat from the first pass (a file swapped between passes is refused)."""
+    path = folder / "trajectory.json"
+    fd, st = _open(folder, "trajectory.json", MAX_TRAJECTORY_BYTES, "trajectory.json as a whole")
+    try:
+        if expect is not None and (st.st_ino, st.st_size, st.st_mtime_ns) != (expect.st_ino, expect.st_size, expect.st_mtime_ns):
+            raise PeerFormatError(f"{path}: changed while it was being imported")
+        chunk = min(_CHUNK, max(max_problem_bytes // 4, 1024))  # a problem is measured to within one read
+        stream = _Stream(fd, path, MAX_TRAJECTORY_BYTES, max_problem_bytes, chunk)
+        seen: set[str] = set()
+        try:
+            for pid, item in _top_items(stream, chunk):
+                stream.done(pid)
+                if pid in seen:
+                    raise PeerFormatError(f"{path}: problem {pid!r} appears twice")
+                seen.add(pid)
+                _check_problem(f"{path}: problem {pid!r}", item)
+                yield pid, item
+        except ijson.JSONError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PeerFormatError(f"{path}: not valid JSON ({first}, near byte {stream.pos})") from None
+    finally:
+        os.close(fd)
+
+
+def _top_items(stream: _Stream, chunk: int) -> Iterator[tuple[str, Any]]:
+    """(key, value) of the top-level object, each value built from the parser's events
+    with its nesting bounded (MAX_DEPTH): ijson's own item builder took gigabytes on a
+    4 MB `[[[[...` and was killed; here such a problem is one sentence."""
+    events = ijson.basic_parse(stream, use_float=True, buf_size=chunk)
+    for ev, key in events:
+        if ev == "end_map":
+            return
+        if ev != "map_key":
+            continue  # the top-level start_map (anything else was refused by _Stream)
+        builder, depth = ijson.ObjectBuilder(), 0
+        for ev, value in events:
+            builder.event(ev, value)
+            if ev in ("start_map", "start_array"):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise PeerFormatError(
+                        f"{stream.path}: problem {stream.problem + 1} ({key!r}) is nested more than {MAX_DEPTH} levels deep"
+                    )
+            elif ev in ("end_map", "end_array"):
+                depth -= 1
+            if depth == 0:
+                break
+        yield key, builder.value
+
+
+def _check_problem(where: str, item: Any) -> None:
+    if not isinstance(item, dict):
+        raise PeerFormatError(f"{where}: expected an object, got {type(item).__name__}")
+    _str(item.get("problem_statement"), where, "problem_statement")
+    _str(item.get("agent_answer"), where, "agent_answer")
+    steps = item.get("trajectory") or []
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        raise PeerFormatError(f"{where}: trajectory must be a list of step objects")
+    reward = item.get("reward")
+    if reward is not None and not isinstance(reward, int | float):
+        raise PeerFormatError(f"{where}: reward must be a number, got {type(reward).__name__}")
+    for i, step in enumerate(steps):  # what is written as JSON text must be writable
+        action = step.get("action")
+        for field, value in (("action", action), ("observation", step.get("observation"))):
+            if value is not None and not isinstance(value, str):
+                try:
+                    json.dumps(value)
+                except (RecursionError, ValueError, TypeError) as exc:
+                    why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                    raise PeerFormatError(f"{where}: step {i} {field} cannot be recorded ({why})") from None
 
 
 def _str(v: Any, where: str, field: str, *, required: bool = False) -> str:
@@ -102,13 +262,25 @@ def _str(v: Any, where: str, field: str, *, required: bool = False) -> str:
 
 
 def find_runs(folder: Path) -> list[Path]:
-    """The peer output folders at `folder`: itself, or its direct children that are."""
+    """The peer output folders at `folder`: itself, or its direct children that are.
+    A child that is a symlink to a peer output folder is refused (naming where it
+    leads): a link is never followed out of, or twice into, the folder."""
     folder = Path(folder)
     if not folder.is_dir():
         raise PeerFormatError(f"{folder} is not a folder")
-    if (folder / "trajectory.json").is_file():
+    if (folder / "trajectory.json").is_file() or (folder / "trajectory.json").is_symlink():
         return [folder]
-    runs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and (p / "trajectory.json").is_file())
+    runs = []
+    for p in sorted(folder.iterdir()):
+        if not (p / "trajectory.json").is_file():
+            continue
+        if p.is_symlink():
+            raise PeerFormatError(
+                f"{p} is a symlink to {os.path.realpath(p)!r}; links are not followed: "
+                "give that folder itself, or copy it in"
+            )
+        if p.is_dir():
+            runs.append(p)
     if not runs:
         raise PeerFormatError(
             f"{folder} holds no llm-in-sandbox output: expected trajectory.json and results.json "
@@ -117,50 +289,46 @@ def find_runs(folder: Path) -> list[Path]:
     return runs
 
 
-def read_run(folder: Path) -> PeerRun:
-    """Read and check one output folder (nothing is written)."""
-    res = _read_json(folder / "results.json", MAX_RESULTS_BYTES) if (folder / "results.json").is_file() else None
+def read_run(folder: Path, *, max_problem_bytes: int = MAX_PROBLEM_BYTES) -> PeerRun:
+    """Read and check one output folder (nothing is written): results.json whole,
+    trajectory.json streamed problem by problem; keeps the problem ids and, for
+    building tasks, each problem's statement and ground truth."""
+    res = _read_json(folder, "results.json", MAX_RESULTS_BYTES)
     if not isinstance(res, dict) or not isinstance(res.get("config"), dict):
-        raise PeerFormatError(f"{folder / 'results.json'}: missing, or without its `config` object")
+        raise PeerFormatError(f"{folder / 'results.json'}: without its `config` object")
     config = res["config"]
     mode = MODES.get(str(config.get("mode", "llm-in-sandbox")))
     if mode is None:
         raise PeerFormatError(f"{folder / 'results.json'}: config.mode {config.get('mode')!r} is not one of {', '.join(MODES)}")
-    traj = _read_json(folder / "trajectory.json", MAX_TRAJECTORY_BYTES)
-    if not isinstance(traj, dict):
-        raise PeerFormatError(f"{folder / 'trajectory.json'}: expected an object of problem id -> result")
-    for pid, item in traj.items():
-        where = f"{folder / 'trajectory.json'}: problem {pid!r}"
-        if not isinstance(item, dict):
-            raise PeerFormatError(f"{where}: expected an object, got {type(item).__name__}")
-        _str(item.get("problem_statement"), where, "problem_statement")
-        _str(item.get("agent_answer"), where, "agent_answer")
-        steps = item.get("trajectory") or []
-        if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
-            raise PeerFormatError(f"{where}: trajectory must be a list of step objects")
-        reward = item.get("reward")
-        if reward is not None and not isinstance(reward, int | float):
-            raise PeerFormatError(f"{where}: reward must be a number, got {type(reward).__name__}")
+    heads: dict[str, dict[str, Any]] = {}
+    for pid, item in _problems(folder, max_problem_bytes):
+        heads[pid] = {"problem_statement": item.get("problem_statement"), "ground_truth": item.get("ground_truth")}
+    fd, stat = _open(folder, "trajectory.json", MAX_TRAJECTORY_BYTES, "trajectory.json as a whole")
+    os.close(fd)
     m = _STAMP.match(folder.name)
     try:
         started = datetime.strptime(m.group(1), "%Y%m%d_%H%M%S").replace(tzinfo=UTC) if m else None
     except ValueError:
         started = None
     if started is None:
-        started = datetime.fromtimestamp((folder / "trajectory.json").stat().st_mtime, UTC)
-    return PeerRun(folder, mode, config, str(res.get("task") or "peer"), started, traj)
+        started = datetime.fromtimestamp(stat.st_mtime, UTC)
+    return PeerRun(folder, mode, config, str(res.get("task") or "peer"), started, heads, stat, max_problem_bytes)
 
 
 def _log_error(folder: Path, pid: str) -> str | None:
-    """The ERROR line of logs/<pid>.txt; only a plain name inside logs/ is opened."""
-    name = f"{pid}.txt"
-    logs = folder / "logs"
-    if safe_name(pid) != pid or not logs.is_dir():
+    """The ERROR line of logs/<pid>.txt; only a plain name inside logs/ is opened, never a
+    symlink (O_NOFOLLOW), and only a regular file proven to be inside the folder."""
+    if safe_name(pid) != pid:
         return None
-    path = logs / name
-    if path.is_symlink() or not path.is_file() or path.resolve().parent != logs.resolve():
+    try:
+        real_root = folder_to_walk(folder, "the peer's output folder")
+        path = resolve_inside(real_root, f"logs/{pid}.txt")
+        if path.parent != Path(real_root) / "logs":
+            return None
+        fd = open_regular(Path(real_root) / "logs" / f"{pid}.txt", root=real_root)
+    except (UnsafePathError, OSError):
         return None
-    with path.open("rb") as f:
+    with os.fdopen(fd, "rb") as f:
         head = f.read(MAX_LOG_BYTES).decode("utf-8", "replace")
     for line in head.splitlines()[:3]:
         if line.startswith("ERROR: "):
@@ -229,6 +397,7 @@ def import_peer(
     *,
     run_id: str | None = None,
     tasks: TaskSet | None = None,
+    max_problem_bytes: int = MAX_PROBLEM_BYTES,
 ) -> Summary:
     """Record the peer's output at `folder` as run `run_id` in the warehouse at `root`.
 
@@ -236,9 +405,11 @@ def import_peer(
     the file, problem and field). `tasks`: the sandflow task set the peer ran (its
     verifiers score the answers and its content hash lets `sandflow compare` pair the
     run with a sandflow run of it); without it, tasks are built from the peer's rows.
+    `max_problem_bytes`: the most JSON text of one problem that is parsed (memory is
+    bounded by it, not by the file's size).
     """
     folder = Path(folder)
-    runs = [read_run(p) for p in find_runs(folder)]
+    runs = [read_run(p, max_problem_bytes=max_problem_bytes) for p in find_runs(folder)]
     run_id = run_id or default_run_id(folder)
     if not RUN_ID_RE.match(run_id):
         raise PeerFormatError(f"run id {run_id!r}: use 1-128 characters from A-Z a-z 0-9 . _ - (starting with a letter or digit)")
@@ -286,7 +457,7 @@ def import_peer(
     samples: dict[tuple[str, str], int] = {}
     try:
         for run in runs:
-            for pid, item in run.problems.items():
+            for pid, item in run.items():
                 task = known.get(pid) or built[pid]
                 sample = samples.get((pid, run.mode), 0)
                 samples[(pid, run.mode)] = sample + 1

@@ -189,6 +189,9 @@ def import_peer_cmd(
     tasks: str | None = typer.Option(
         None, "--tasks", help="The sandflow task set the peer ran (its verifiers score; `compare` pairs by its hash)."
     ),
+    max_problem_bytes: int | None = typer.Option(
+        None, "--max-problem-bytes", min=1, help="The most JSON text of one problem that is parsed, bounding the memory (default 16 MiB)."
+    ),
     warehouse: Path | None = _WH,
 ) -> None:
     """Record llm-in-sandbox 0.2.0 output (trajectory.json, results.json, logs/) as a run,
@@ -209,7 +212,8 @@ def import_peer_cmd(
         except Exception as exc:  # the loader's errors name the file/row; one sentence
             raise fail(f"--tasks {tasks}: {exc}", EXIT_USAGE) from None
     with _bad_input():
-        summary = import_peer(_root(warehouse), folder, run_id=run_id, tasks=ts)
+        bound = {"max_problem_bytes": max_problem_bytes} if max_problem_bytes else {}
+        summary = import_peer(_root(warehouse), folder, run_id=run_id, tasks=ts, **bound)
     _report(summary)
     x = summary.extra
     console().print(

@@ -180,3 +180,17 @@ def run_cli(*args: str) -> Any:
 
     return CliRunner(env={"COLUMNS": "300"}).invoke(app, list(args))
 
+
+# ------------------------------------------------------------------ hand-made peer folders
+def peer_folder(root: Path, problems: dict[str, Any], *, mode: str = "llm-in-sandbox", stamp: str = "20261126_025517") -> Path:
+    """A folder in llm-in-sandbox 0.2.0's output format (results.json, trajectory.json, logs/)."""
+    folder = root / f"{stamp}_math_openai_scripted_LLMinSandbox"
+    (folder / "logs").mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"config": {"mode": mode, "llm_name": "openai/x", "max_steps": 6}, "task": "math", "total": len(problems)}))
+    (folder / "trajectory.json").write_text(json.dumps(problems))
+    return folder
+
+
+def peer_problem(answer: str = "42", reward: Any = 1.0) -> dict[str, Any]:
+    step = {"thought": "", "reasoning_content": "", "action": {"function": "submit", "parameters": {}}, "observation": "<<< Finished >>>", "metadata": {"step": 1, "exec_time": 0.1}}
+    return {"problem_statement": "What is 6*7?", "trajectory": [step], "reward": reward, "agent_answer": answer, "ground_truth": "42"}

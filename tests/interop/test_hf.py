@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from analysis.rollouts import episode_messages
-from tests.interop.conftest import RealRun, run_cli
+from tests.interop.conftest import RealRun, peer_folder, peer_problem, run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -80,3 +80,62 @@ def test_bad_sources_and_offline_push(real_run: RealRun, tmp_path: Path) -> None
     assert res.exit_code == 1, res.output
     assert "upload of" in res.output and "'me/sandflow-test' failed" in res.output and "Traceback" not in res.output
     assert (out / "README.md").is_file()
+
+
+
+_LOAD_ONE = """
+import json, sys
+from datasets import load_dataset
+ds = load_dataset(sys.argv[1], cache_dir=sys.argv[2])
+print(json.dumps({split: sorted(ds[split]["task_id"]) for split in ds}))
+"""
+
+
+def test_exports_in_folders_of_the_same_name_never_share_a_cache_entry(tmp_path: Path) -> None:
+    """`datasets` keys its cache by the folder's name and the card's data-file paths as
+    written (not their absolute paths or contents): two exports at a/x and b/x that both
+    named `data/sandbox.parquet` shared one entry, and the second load returned the
+    first's rows. Two runs of the same id in two warehouses, exported to a/x and b/x,
+    loaded with the real package in one process, and in two processes sharing a cache."""
+    import json
+    import subprocess
+    import sys
+
+    from datasets import load_dataset
+
+    want = {}
+    for name, tasks in (("a", ["p0", "p1", "p2"]), ("b", ["q0", "q1"])):
+        folder = peer_folder(tmp_path / name / "peer", {t: peer_problem() for t in tasks})
+        wh = tmp_path / name / "wh"
+        res = run_cli("import", "llm-in-sandbox", str(folder), "--run-id", "same-run", "-w", str(wh))
+        assert res.exit_code == 0, res.output
+        res = run_cli("export", "hf", "same-run", "--out", str(tmp_path / name / "x"), "-w", str(wh))
+        assert res.exit_code == 0, res.output
+        want[name] = tasks
+    cache = tmp_path / "cache"
+    for name in ("a", "b"):  # one process
+        got = load_dataset(str(tmp_path / name / "x"), cache_dir=str(cache))
+        assert sorted(got["sandbox"]["task_id"]) == want[name], name
+    shared = tmp_path / "shared-cache"
+    for name in ("a", "b"):  # a process each, one cache folder
+        r = subprocess.run([sys.executable, "-c", _LOAD_ONE, str(tmp_path / name / "x"), str(shared)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert json.loads(r.stdout.strip().splitlines()[-1])["sandbox"] == want[name], name
+
+
+def test_a_new_export_into_the_same_folder_replaces_the_old_files(tmp_path: Path) -> None:
+    """Exported twice into one folder with other rows: the card names the new files, the
+    old data files are gone, and a load in the same cache reads the new rows."""
+    from datasets import load_dataset
+
+    out, cache = tmp_path / "x", tmp_path / "cache"
+    for i, tasks in enumerate((["p0", "p1"], ["p0", "p1", "p2"])):
+        folder = peer_folder(tmp_path / f"peer{i}", {t: peer_problem() for t in tasks})
+        res = run_cli("import", "llm-in-sandbox", str(folder), "--run-id", f"r{i}", "-w", str(tmp_path / "wh"))
+        assert res.exit_code == 0, res.output
+        res = run_cli("export", "hf", f"r{i}", "--out", str(out), "-w", str(tmp_path / "wh"))
+        assert res.exit_code == 0, res.output
+        files = sorted(p.name for p in (out / "data").iterdir())
+        assert len(files) == 1 and files[0].startswith("sandbox-"), files
+        assert f"data/{files[0]}" in (out / "README.md").read_text()
+        assert sorted(load_dataset(str(out), cache_dir=str(cache))["sandbox"]["task_id"]) == tasks

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.interop.conftest import RealRun, answer_of, run_cli, tasks
+from tests.interop.conftest import RealRun, answer_of, peer_folder, peer_problem, run_cli, tasks
 from tests.scripted_model import Reply, ScriptedModel, text_reply, tool_reply
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -104,29 +104,19 @@ def test_real_peer_output_becomes_a_scored_run(real_run: RealRun, tmp_path: Path
 
 
 # ------------------------------------------------------------------ hand-made peer folders
-def _peer_folder(root: Path, problems: dict[str, Any], *, mode: str = "llm-in-sandbox") -> Path:
-    folder = root / "20261126_025517_math_openai_scripted_LLMinSandbox"
-    (folder / "logs").mkdir(parents=True)
-    (folder / "results.json").write_text(json.dumps({"config": {"mode": mode, "llm_name": "openai/x", "max_steps": 6}, "task": "math", "total": len(problems)}))
-    (folder / "trajectory.json").write_text(json.dumps(problems))
-    return folder
-
-
-def _problem(answer: str = "42", reward: Any = 1.0) -> dict[str, Any]:
-    step = {"thought": "", "reasoning_content": "", "action": {"function": "submit", "parameters": {}}, "observation": "<<< Finished >>>", "metadata": {"step": 1, "exec_time": 0.1}}
-    return {"problem_statement": "What is 6*7?", "trajectory": [step], "reward": reward, "agent_answer": answer, "ground_truth": "42"}
-
-
 def test_malformed_peer_output_is_refused_before_any_work(tmp_path: Path) -> None:
     wh = tmp_path / "wh"
-    folder = _peer_folder(tmp_path, {"p0": _problem(), "p1": _problem(reward="high")})
+    folder = peer_folder(tmp_path, {"p0": peer_problem(), "p1": peer_problem(reward="high")})
     res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
     assert res.exit_code == 2, res.output
     assert "problem 'p1': reward must be a number, got str" in res.output and "Traceback" not in res.output
     assert not wh.exists()  # nothing written
-    (folder / "trajectory.json").write_text("[1, 2")
+    (folder / "trajectory.json").write_text('{"p0": {"trajectory": [1, ')
     res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
     assert res.exit_code == 2 and "trajectory.json: not valid JSON" in res.output
+    (folder / "trajectory.json").write_text("[1, 2]")
+    res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
+    assert res.exit_code == 2 and "trajectory.json: expected an object of problem id -> result" in res.output
     res = run_cli("import", "llm-in-sandbox", str(tmp_path / "wh-nothing"), "-w", str(wh))
     assert res.exit_code == 2 and "is not a folder" in res.output
     (tmp_path / "empty").mkdir()
@@ -137,7 +127,7 @@ def test_malformed_peer_output_is_refused_before_any_work(tmp_path: Path) -> Non
 def test_size_limit_is_checked_before_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import interop.peer_import as peer_import
 
-    folder = _peer_folder(tmp_path, {"p0": _problem()})
+    folder = peer_folder(tmp_path, {"p0": peer_problem()})
     monkeypatch.setattr(peer_import, "MAX_TRAJECTORY_BYTES", 100)
     res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(tmp_path / "wh"))
     assert res.exit_code == 2 and "is over the limit of 100 bytes" in res.output
@@ -149,7 +139,7 @@ def test_hostile_problem_ids_never_reach_outside_files(tmp_path: Path) -> None:
     ERROR line would turn the episode into an infrastructure failure)."""
     outside = tmp_path / "outside.txt"
     outside.write_text("Problem ID: x\nERROR: read from outside the folder\n")
-    folder = _peer_folder(tmp_path, {"../../outside": _problem(), "p/../../outside": _problem(), "plink": _problem(), "perr": _problem(answer="")})
+    folder = peer_folder(tmp_path, {"../../outside": peer_problem(), "p/../../outside": peer_problem(), "plink": peer_problem(), "perr": peer_problem(answer="")})
     (folder / "logs" / "plink.txt").symlink_to(outside)
     (folder / "logs" / "perr.txt").write_text("Problem ID: perr\nERROR: litellm.APIConnectionError: refused\nGround Truth: 42\n")
     wh = tmp_path / "wh"
@@ -175,3 +165,109 @@ def test_hostile_problem_ids_never_reach_outside_files(tmp_path: Path) -> None:
 
     log = read_eval_log(str(tmp_path / "logs" / "hostile_sandbox.eval"))
     assert sorted(s.id for s in log.samples) == sorted(by_task)
+
+
+# ------------------------------------------------------------------ host files stay outside
+def test_links_out_of_the_folder_are_refused_not_followed(tmp_path: Path) -> None:
+    """`trajectory.json -> /etc/passwd`, a `results.json` linked to a file outside (whose
+    text went into runs.config), a run folder that is a symlink to one outside: each is
+    refused in one sentence naming where it leads, before anything is written. A link
+    that stays inside the folder is read, as everywhere in sandflow."""
+    wh = tmp_path / "wh"
+    folder = peer_folder(tmp_path / "a", {"p0": peer_problem()})
+    (folder / "trajectory.json").unlink()
+    (folder / "trajectory.json").symlink_to("/etc/passwd")
+    res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
+    assert res.exit_code == 2, res.output
+    assert "trajectory.json" in res.output and "leads to '/etc/passwd'" in res.output and "outside" in res.output
+    assert not wh.exists()
+
+    outside = tmp_path / "secret-results.json"
+    outside.write_text(json.dumps({"config": {"mode": "llm-in-sandbox", "llm_name": "SECRET-FROM-OUTSIDE"}, "task": "math"}))
+    folder = peer_folder(tmp_path / "b", {"p0": peer_problem()})
+    (folder / "results.json").unlink()
+    (folder / "results.json").symlink_to(outside)
+    res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
+    assert res.exit_code == 2, res.output
+    assert "results.json" in res.output and str(outside) in res.output and "SECRET" not in res.output
+    assert not wh.exists()
+
+    elsewhere = peer_folder(tmp_path / "elsewhere", {"p0": peer_problem()})
+    parent = tmp_path / "c"
+    parent.mkdir()
+    (parent / "20261126_000000_math_x_LLMinSandbox").symlink_to(elsewhere)
+    res = run_cli("import", "llm-in-sandbox", str(parent), "-w", str(wh))
+    assert res.exit_code == 2, res.output
+    assert "is a symlink to" in res.output and str(elsewhere) in res.output
+    assert not wh.exists()
+
+    # inside the folder, a link is read as the file it names
+    folder = peer_folder(tmp_path / "d", {"p0": peer_problem(), "p1": peer_problem(answer="41")})
+    (folder / "data").mkdir()
+    (folder / "trajectory.json").rename(folder / "data" / "t.json")
+    (folder / "trajectory.json").symlink_to("data/t.json")
+    res = run_cli("import", "llm-in-sandbox", str(folder), "--run-id", "linked-inside", "-w", str(wh))
+    assert res.exit_code == 0, res.output
+    assert "-> 2 episodes of run linked-inside" in res.output
+
+
+def _big_problem(n_steps: int, obs_bytes: int) -> dict[str, Any]:
+    step = {"thought": "look", "action": {"function": "execute_bash", "parameters": {"command": "cat big"}}, "observation": "x" * obs_bytes, "metadata": {"exec_time": 0.1}}
+    return {**peer_problem(), "trajectory": [step] * n_steps + peer_problem()["trajectory"]}
+
+
+def test_a_problem_over_the_parse_bound_is_refused_while_parsing(tmp_path: Path) -> None:
+    """One problem of ~40 KB of JSON against a bound of 16 KB (set through the parameter,
+    as `--max-problem-bytes` does): refused naming the problem's place and the bound,
+    nothing written; the same file imports under a bound it fits."""
+    folder = peer_folder(tmp_path, {"p0": peer_problem(), "p1": _big_problem(10, 4000), "p2": peer_problem()})
+    wh = tmp_path / "wh"
+    res = run_cli("import", "llm-in-sandbox", str(folder), "--max-problem-bytes", "16384", "-w", str(wh))
+    assert res.exit_code == 2, res.output
+    assert "problem 2 (after 'p0') is over the limit of 16384 bytes of JSON per problem" in res.output
+    assert "--max-problem-bytes" in res.output and not wh.exists()
+    res = run_cli("import", "llm-in-sandbox", str(folder), "--max-problem-bytes", "65536", "--run-id", "fits", "-w", str(wh))
+    assert res.exit_code == 0 and "-> 3 episodes of run fits" in res.output, res.output
+
+
+def test_a_problem_nested_too_deep_is_refused_while_parsing(tmp_path: Path) -> None:
+    """`[[[[...` 5,000 levels deep in one problem's step (10 KB): one sentence naming
+    the problem and the depth bound, nothing written (ijson's own builder took gigabytes
+    on 4 MB of it and was killed; `json.loads` raised RecursionError, a traceback)."""
+    folder = peer_folder(tmp_path, {"p0": peer_problem()})
+    deep = b"[" * 5_000 + b"]" * 5_000
+    (folder / "trajectory.json").write_bytes(b'{"p0": {"problem_statement": "x", "trajectory": [{"action": ' + deep + b"}]}}")
+    wh = tmp_path / "wh"
+    res = run_cli("import", "llm-in-sandbox", str(folder), "-w", str(wh))
+    assert res.exit_code == 2, res.output
+    assert "problem 1 ('p0') is nested more than 100 levels deep" in res.output and "Traceback" not in res.output
+    assert not wh.exists()
+
+
+def test_parsing_memory_is_bounded_by_a_problem_not_by_the_file(tmp_path: Path) -> None:
+    """A 6 MB trajectory of 150 problems of ~40 KB: checking it (the whole first pass)
+    allocates at most a few problems' worth of Python objects, not the file's (one
+    `json.loads` of the file allocated more than the file's size); importing it holds
+    one problem at a time as well."""
+    import tracemalloc
+
+    from interop.peer_import import import_peer, read_run
+
+    warm = peer_folder(tmp_path / "warm", {"p0": _big_problem(10, 4000)})  # modules imported once,
+    import_peer(tmp_path / "warm-wh", warm, run_id="warm")  # so their memory is not counted
+    problems = {f"p{i}": _big_problem(10, 4000) for i in range(150)}
+    folder = peer_folder(tmp_path / "big", problems)
+    size = (folder / "trajectory.json").stat().st_size
+    assert size > 6_000_000
+    tracemalloc.start()
+    try:
+        run = read_run(folder)
+        _cur, peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        summary = import_peer(tmp_path / "wh", folder, run_id="big")
+        _cur, import_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(run.problems) == 150 and summary.episodes == 150
+    assert peak < size / 10, (peak, size)  # measured: 0.32 MB for the 6.3 MB file (json.loads: 13.9 MB)
+    assert import_peak < size / 2, (import_peak, size)
