@@ -11,7 +11,6 @@ scores are not all equal. LLM mode: one reply.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -24,10 +23,10 @@ import pytest
 import flows  # noqa: F401  (Prefect settings before prefect is imported)
 from tests.flows.conftest import new_run_id, run_kwargs, write_tasks
 from tests.scripted_model import Reply, ScriptedModel, ToyTokenizer, text_reply, tool_reply
+from tests.venvs import venv_python
 
 REPO = Path(__file__).resolve().parents[2]
 HARBOR = "harbor==0.26.0"  # needs Python >= 3.12 and fastapi 0.165: a venv of its own
-HARBOR_VENV = Path(os.environ.get("SANDFLOW_HARBOR_VENV") or REPO / "tests" / ".venvs" / "harbor")
 
 
 def tasks(n: int = 3) -> list[Any]:
@@ -130,18 +129,7 @@ def _python312() -> str:
 @pytest.fixture(scope="session")
 def harbor_python() -> Iterator[Path]:
     """A venv with the harbor package (its ATIF models and validator), created once."""
-    py = HARBOR_VENV / "bin" / "python"
-    ok = py.exists() and subprocess.run([str(py), "-c", "import harbor.models.trajectories"], capture_output=True).returncode == 0
-    if not ok:
-        if HARBOR_VENV.exists():  # only ever a venv of ours: never remove anything else
-            if not (HARBOR_VENV / "pyvenv.cfg").is_file():
-                pytest.fail(f"{HARBOR_VENV} exists and is not a venv: set SANDFLOW_HARBOR_VENV to a new folder")
-            shutil.rmtree(HARBOR_VENV)
-        subprocess.run([_python312(), "-m", "venv", str(HARBOR_VENV)], check=True)
-        r = subprocess.run([str(HARBOR_VENV / "bin" / "pip"), "install", "-q", HARBOR], capture_output=True, text=True, timeout=1200)
-        if r.returncode != 0:
-            pytest.fail(f"pip install {HARBOR} failed: {(r.stderr or r.stdout)[-1500:]}")
-    yield py
+    yield venv_python("harbor", [HARBOR], "import harbor.models.trajectories", base_python=_python312(), timeout_s=1200)
 
 
 def harbor_check(py: Path, folder: Path) -> dict[str, Any]:
