@@ -47,6 +47,7 @@ from datasets_prep.corpus import Piece
 from datasets_prep.rows import LIS_RL_DEFAULT_DOMAIN
 from datasets_prep.task import DOCUMENTS_DIR, Task, make_task
 from tasks.model import ModelClient, ModelConfig, ModelError
+from warehouse.layout import fsync_dir
 
 STRUCTURED = ("json_schema", "json_object", "guided_json", "none")
 
@@ -217,7 +218,7 @@ class ReplyCache:
                     new = not self.path.exists()
                     self._file = self.path.open("a", encoding="utf-8")
                     if new:  # the file's name durable too, not only its bytes
-                        _fsync_dir(self.path.parent)
+                        fsync_dir(self.path.parent)
                     elif not _ends_a_line(self.path):  # a line cut by a crash: end it, or
                         self._file.write("\n")  # the next reply would be glued to it and lost
                 self._file.write(line)
@@ -370,19 +371,6 @@ def _ends_a_line(path: Path) -> bool:
             return True
         f.seek(-1, os.SEEK_END)
         return f.read(1) == b"\n"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _judge(slot: Slot, row: dict[str, Any], cached: bool) -> SlotOutcome:
