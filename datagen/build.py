@@ -126,6 +126,12 @@ class Build:
             check_run_id(self.build_id)
         except ValueError as e:
             raise BuildError(f"build id: {e}") from None
+        if self.wh is not None:
+            try:
+                self.wh.claim_build(self.build_id, self.out,
+                                    moved=recorded.get("build_id") == self.build_id)
+            except ValueError as e:
+                raise BuildError(str(e)) from None
         if recorded.get("build_id") != self.build_id:
             self.out.mkdir(parents=True, exist_ok=True)
             meta.write_text(json.dumps({"build_id": self.build_id}) + "\n")

@@ -21,7 +21,7 @@ from datasets_prep.task import Task, TaskSet
 from tasks.records import INFRA_TERMINATIONS, EpisodeRecord, TurnRecord, episode_key
 from warehouse.compact import CompactionResult, compact_run
 from warehouse.convert import episode_record, turn_record
-from warehouse.dataitems import write_data_items
+from warehouse.dataitems import claim_build, write_data_items
 from warehouse.journal import Durability
 from warehouse.labels import ScoreRow, UsageRow, write_labels
 from warehouse.layout import Layout
@@ -98,6 +98,10 @@ class Warehouse:
         self, rows: Iterable[ScoreRow | Mapping[str, Any]], *, scored_at: datetime | None = None
     ) -> Path | None:
         return write_labels(self.layout, "scores", rows, scored_at)
+
+    def claim_build(self, build_id: str, output: Path, *, moved: bool = False) -> None:
+        """Bind a data build's id to its output folder (warehouse.dataitems.claim_build)."""
+        claim_build(self.layout, build_id, output, moved=moved)
 
     def write_data_items(
         self, build_id: str, stage: str, items: Iterable[Mapping[str, Any]], *, stage_key: str | None = None

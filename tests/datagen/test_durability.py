@@ -18,6 +18,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from datagen.build import Build
 from tasks.model import ModelConfig
 from tests.datagen.corpus_files import BEES, GLACIER, PARIS
@@ -107,3 +109,22 @@ def test_two_builds_in_folders_of_the_same_name_keep_their_own_funnels(tmp_path)
     with Warehouse(wh).query() as q:
         rows = q.rows("SELECT build_id, items_in FROM data_funnel WHERE stage = 'ingest' ORDER BY items_in")
     assert rows == [(bb.build_id, 1), (ba.build_id, 5)]
+
+
+def test_one_explicit_build_id_for_two_folders_is_refused_naming_both(tmp_path):
+    """`--build-id x` given to two builds in one warehouse: the second would replace the
+    first's funnel and provenance; it is refused before any stage runs. The same folder
+    again, or the folder moved (its build.json keeps the id), goes on."""
+    from datagen.build import BuildError
+
+    wh = tmp_path / "wh"
+    a, b = tmp_path / "a" / "rl_data", tmp_path / "b" / "rl_data"
+    Build(a, warehouse=wh, build_id="shared")
+    Build(a, warehouse=wh, build_id="shared")  # a re-run of the same folder
+    with pytest.raises(BuildError, match=r"build id 'shared' already belongs to .*a/rl_data in this warehouse; give .*b/rl_data its own --build-id"):
+        Build(b, warehouse=wh, build_id="shared")
+    assert not (b / "build.json").exists()  # nothing of the refused build written
+    moved = tmp_path / "c" / "rl_data"
+    moved.parent.mkdir()
+    a.rename(moved)
+    assert Build(moved, warehouse=wh).build_id == "shared"  # the same build in a new place
