@@ -119,4 +119,4 @@ def importlib_missing(module: str) -> bool:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train")(train)
+    app.command("train", rich_help_panel="RL")(train)
