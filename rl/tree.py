@@ -37,7 +37,6 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from analysis.advantages import grpo, rloo
-from sandbox.backends import capabilities
 from sandbox.base import SandboxError
 from tasks.loop import SteppedEpisode
 
@@ -310,7 +309,8 @@ class _Ahead:
 
     def __init__(self, root: SteppedEpisode, tree: _Tree) -> None:
         self.spec, self.tree = tree.spec, tree
-        self.on = bool(self.spec.at_turns) and capabilities(root.sandbox.config.backend).parallel_open
+        box = root.sandbox
+        self.on = bool(self.spec.at_turns) and box is not None and box.capabilities.parallel_open
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="sandflow-tree") if self.on else None
         self.turn: int | None = None
         self.indices: list[int] = []
