@@ -126,6 +126,21 @@ def load_settings(**overrides: Any) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
+def command_settings(**overrides: Any) -> Settings:
+    """load_settings for a command: a bad flag, SANDFLOW_* variable or sandflow.toml entry
+    is one sentence naming it, exit code 2 (never a pydantic traceback)."""
+    from sandflow.errors import fail
+
+    try:
+        return load_settings(**overrides)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = ".".join(map(str, err["loc"]))
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        where = f"--{name.replace('_', '-')}, " if overrides.get(name) is not None else ""
+        raise fail(f"invalid setting {name} ({where}SANDFLOW_{name.upper()} or sandflow.toml): {msg}") from None
+
+
 def flag_prices(flag: str | None) -> PriceTable | None:
     """The --prices flag (a JSON file or JSON text) as a PriceTable; None: not given.
     Raises ValueError with one sentence naming the flag and the file, key or field."""

@@ -95,7 +95,7 @@ def serve(
     from rl.batch import Budget
     from rl.server import ServerConfig
     from rl.server import serve as run_server
-    from sandflow.config import flag_prices, load_settings
+    from sandflow.config import command_settings, flag_prices
     from sandflow.errors import EXIT_USAGE, fail
     from tasks.spec import RunSpec
 
@@ -103,7 +103,7 @@ def serve(
         table = flag_prices(prices)
     except ValueError as exc:
         raise fail(str(exc), EXIT_USAGE, label="Error") from None
-    settings = load_settings(
+    settings = command_settings(
         warehouse=warehouse, backend=backend, durability=durability_value(durability),
         **({"prices": table} if table is not None else {}),
     )
@@ -169,10 +169,10 @@ def openenv(
     from rl.env import default_run_id
     from rl.recording import RolloutTags
     from rl.reward import RewardError
-    from sandflow.config import load_settings
+    from sandflow.config import command_settings
     from tasks.spec import RunSpec
 
-    settings = load_settings(warehouse=warehouse, backend=backend)
+    settings = command_settings(warehouse=warehouse, backend=backend)
     try:
         ts = load_taskset(tasks)
     except (ValueError, OSError) as exc:

@@ -242,10 +242,10 @@ def sandbox_exec(
     from rich.text import Text
 
     from sandbox import SandboxConfig, SandboxError, SandboxLimits, open_sandbox
-    from sandflow.config import load_settings
+    from sandflow.config import command_settings
 
     console = stdout_console()
-    settings = load_settings(backend=backend)  # flag > SANDFLOW_BACKEND > sandflow.toml
+    settings = command_settings(backend=backend)
     try:
         config = SandboxConfig(
             backend=settings.backend,

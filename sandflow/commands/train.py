@@ -57,10 +57,10 @@ def train(
 
     from rl.train import TrainConfig, TrainInputError, check_config
     from rl.train import train as run_training
-    from sandflow.config import load_settings
+    from sandflow.config import command_settings
     from sandflow.errors import EXIT_INTERRUPTED, EXIT_USAGE, console, err_console, fail
 
-    settings = load_settings(warehouse=warehouse, backend=backend)  # a registered backend
+    settings = command_settings(warehouse=warehouse, backend=backend)
     try:
         cfg = TrainConfig(
             tasks=tasks, mapping=mapping, size=size, seed=seed, policy=policy, training_run=name,
