@@ -84,10 +84,10 @@ def _outcome(wh: Path, run_id: str, episodes: int) -> tuple[int, int]:
 def floor_pass(ts_tasks: list[Any], model: ScriptedModel, wh: Path, run_id: str, concurrency: int) -> float:
     from engine.episode import run_one
     from engine.plan import plan
-    from tasks.spec import RunSpec
+    from tasks.spec import build_run_spec
 
     specs = plan(ts_tasks, run_id, "sandbox", 1)
-    settings = RunSpec(
+    settings = build_run_spec(
         model="scripted",
         base_url=model.url,
         network="none",

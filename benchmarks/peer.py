@@ -251,10 +251,10 @@ def _flow(
     reuse: str,
 ) -> dict[str, Any]:
     from flows.run import run_flow
-    from tasks.spec import RunSpec
+    from tasks.spec import build_run_spec
 
     return run_flow.with_options(task_runner=runner)(
-        RunSpec(
+        build_run_spec(
             task_set=str(taskset),
             model="scripted",
             base_url=url,
@@ -274,10 +274,10 @@ def run_plain(taskset: Path, url: str, workers: int, turns: int, warehouse: Path
     from datasets_prep.io import read_taskset
     from engine.episode import run_one
     from engine.plan import EpisodeSpec
-    from tasks.spec import RunSpec
+    from tasks.spec import build_run_spec
 
     ts = read_taskset(taskset)
-    settings = RunSpec(
+    settings = build_run_spec(
         model="scripted",
         base_url=url,
         max_steps=turns + 2,

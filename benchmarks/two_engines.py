@@ -70,7 +70,7 @@ def main() -> None:
 
     from flows.prefect_server import pointed_at, temporary_server
     from flows.run import make_task_runner, run_flow
-    from tasks.spec import RunSpec
+    from tasks.spec import build_run_spec
     from warehouse.query import connect
 
     t0 = time.monotonic()
@@ -97,9 +97,9 @@ def main() -> None:
             out: dict[str, object] = {}
 
             def run() -> None:
-                spec = RunSpec(task_set=str(ts), model="scripted", base_url=model.url, mode="sandbox",
-                               concurrency=2 * THREADS, max_steps=6, warehouse=str(wh), wall_clock_s=300.0,
-                               run_id=rid, retries=3)  # fmt: skip
+                spec = build_run_spec(task_set=str(ts), model="scripted", base_url=model.url, mode="sandbox",
+                                      concurrency=2 * THREADS, max_steps=6, warehouse=str(wh), wall_clock_s=300.0,
+                                      run_id=rid, retries=3)  # fmt: skip
                 out["summary"] = run_flow.with_options(task_runner=make_task_runner("dask", dask_address=cluster.address))(spec)
 
             t_run = time.monotonic()

@@ -50,8 +50,8 @@ def engine_policy(spec: RunSpec, warehouse: str | Path, executor: Any = None) ->
 
     def run(task_set: str, run_id: str, samples: int) -> RunData:
         ts = read_taskset(task_set)
-        one = spec.model_copy(update={"task_set": task_set, "run_id": run_id, "samples": samples,
-                                      "mode": "sandbox", "warehouse": root})
+        one = spec.replace(task_set=task_set, run_id=run_id, samples=samples, mode="sandbox",
+                           warehouse=root)
         summary = engine_run(ts, one, executor=executor).summary
         if summary.get("status") == "budget_exhausted":  # nothing graded from a partial run
             raise BudgetExhausted(

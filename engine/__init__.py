@@ -5,9 +5,9 @@ Prefect flow hands the engine Prefect's task runner), the rollout server's batch
 (rl/batch.py), `sandflow run` (one episode) and any library caller::
 
     import engine
-    result = engine.run(tasks, engine.RunSpec(mode="sandbox", samples=4,
-                                              base_url="http://gpu:8000/v1", model="m",
-                                              warehouse="./wh"))
+    result = engine.run(tasks, engine.build_run_spec(mode="sandbox", samples=4,
+                                                     base_url="http://gpu:8000/v1", model="m",
+                                                     warehouse="./wh"))
     result.summary["succeeded"], [o.answer for o in result.outcomes]
 
 What it owns (one module each): planning and run ids (plan), the run from plan to
@@ -33,7 +33,7 @@ from engine.plan import (
 )
 from engine.retry import RETRYABLE, EpisodeCancelled, InfraFailure, RetryPolicy, is_retryable
 from engine.run import RunHandle, RunResult, open_run, run
-from tasks.spec import RunSpec
+from tasks.spec import RunSpec, build_run_spec
 
 __all__ = [
     "MODES",
@@ -53,6 +53,7 @@ __all__ = [
     "ThreadExecutor",
     "WarehouseFullError",
     "Work",
+    "build_run_spec",
     "is_retryable",
     "new_run_id",
     "open_run",

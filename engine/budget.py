@@ -63,15 +63,15 @@ class Spent:
 
 def price_for(run: RunSpec) -> Price | None:
     """The run's model's price at its endpoint from the run's table (None: not named)."""
-    return load_prices(run.prices or None).lookup(run.model, run.base_url)
+    return load_prices(run.budget.prices or None).lookup(run.endpoint.model, run.endpoint.base_url)
 
 
 def check_priced(run: RunSpec) -> None:
     """A cost budget needs a price for the model: one sentence, before any work."""
-    if run.max_cost_usd is not None and price_for(run) is None:
+    if run.budget.max_cost_usd is not None and price_for(run) is None:
         raise RunConfigError(
-            f"--max-cost {run.max_cost_usd:g}: the price table has no price for model "
-            f"{run.model!r} (at {run.base_url}), so its cost cannot be counted; add it "
+            f"--max-cost {run.budget.max_cost_usd:g}: the price table has no price for model "
+            f"{run.endpoint.model!r} (at {run.endpoint.base_url}), so its cost cannot be counted; add it "
             "with --prices (docs/cost.md)"
         )
 
@@ -98,8 +98,8 @@ class RunBudget:
             raise ValueError("a budget needs the run's id")
         self.run = run
         self.run_id = run.run_id
-        self.max_cost_usd = run.max_cost_usd
-        self.max_tokens = run.max_run_tokens
+        self.max_cost_usd = run.budget.max_cost_usd
+        self.max_tokens = run.budget.max_run_tokens
         self.price = price_for(run)
         self.token = token
         self._lock = threading.Lock()
@@ -135,12 +135,12 @@ class RunBudget:
         """What each recorded episode of the run paid (0 without a warehouse): its current
         attempt's turns and every attempt it replaced (warehouse.cost.paid_by_episode, one
         SQL aggregate: the text of the turns is never read)."""
-        if not self.run.warehouse or not Path(self.run.warehouse).is_dir():
+        if not self.run.recording.warehouse or not Path(self.run.recording.warehouse).is_dir():
             return {}
         from warehouse import Warehouse
         from warehouse.cost import paid_by_episode
 
-        with Warehouse(self.run.warehouse).query(
+        with Warehouse(self.run.recording.warehouse).query(
             run_id=self.run_id, tables=("episodes", "turns")
         ) as q:
             paid = paid_by_episode(q, self.run_id)
@@ -284,7 +284,7 @@ _budgets: dict[str, RunBudget] = {}
 
 
 def has_budget(run: RunSpec) -> bool:
-    return run.max_cost_usd is not None or run.max_run_tokens is not None
+    return run.budget.max_cost_usd is not None or run.budget.max_run_tokens is not None
 
 
 def budget_for(run: RunSpec) -> RunBudget | None:
@@ -295,7 +295,7 @@ def budget_for(run: RunSpec) -> RunBudget | None:
         return None
     with _lock:
         b = _budgets.get(run.run_id)
-        if b is None or (b.max_cost_usd, b.max_tokens) != (run.max_cost_usd, run.max_run_tokens):
+        if b is None or (b.max_cost_usd, b.max_tokens) != (run.budget.max_cost_usd, run.budget.max_run_tokens):
             # another budget than the one this process knew: a resume with a higher one
             b = _budgets[run.run_id] = RunBudget(run, renew_after_budget(run.run_id, TERMINATION))
         return b

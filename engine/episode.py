@@ -80,9 +80,9 @@ def run_one(
     (benchmarks use it as the floor under any executor)."""
     t0 = time.perf_counter()
     model_cfg = run.to_model_config()
-    client = shared_client(model_cfg, run.max_model_calls, global_limit)
+    client = shared_client(model_cfg, run.fanout.max_model_calls, global_limit)
     needs_sandbox = spec.mode == "sandbox"
-    max_sandboxes = run.max_sandboxes or run.concurrency
+    max_sandboxes = run.fanout.max_sandboxes or run.fanout.concurrency
     limit = max_sandboxes if needs_sandbox else None
     budget = budget_for(run)
     prior = paid_before(spec)
@@ -124,7 +124,7 @@ def _run_episode(
     what the attempts it replaces paid: `prior`, carried on in its record)."""
     from tasks.loop import run_episode
 
-    recorder = _writer(run.warehouse, run.durability)
+    recorder = _writer(run.recording.warehouse, run.recording.durability)
     if prior is not None:
         recorder = _Carrying(recorder, prior)
     if budget is not None:
@@ -197,10 +197,10 @@ class _Carrying:
 def use_host_settings(run: RunSpec) -> None:
     """The sandbox settings the application handed the process that built the run, in the
     process that runs its episodes (a Dask worker has none of its own)."""
-    if run.sandbox_host:
+    if run.sandbox.host:
         from sandbox import settings
 
-        settings.configure(settings.HostSettings(), **run.sandbox_host)
+        settings.configure(settings.HostSettings(), **run.sandbox.host)
 
 
 def attempt(spec: EpisodeSpec, run: RunSpec, global_limit: GlobalLimit | None = None) -> dict[str, Any]:

@@ -91,11 +91,11 @@ def embedded_model_defaults(spec: RunSpec, told: Collection[str]) -> RunSpec:
     """`spec` as a run on the embedded model (no endpoint: it is started for the run) does
     it: of max_steps, concurrency and max_tokens, those the caller was not `told` keep the
     demo to minutes (tasks/defaults.py says why). With an endpoint, `spec` unchanged."""
-    if spec.base_url:
+    if spec.endpoint.base_url:
         return spec
     short = {
         "max_steps": EMBEDDED_MODEL_MAX_STEPS,
         "concurrency": EMBEDDED_MODEL_CONCURRENCY,
         "max_tokens": EMBEDDED_MODEL_MAX_TOKENS,
     }
-    return spec.model_copy(update={k: v for k, v in short.items() if k not in told})
+    return spec.replace(**{k: v for k, v in short.items() if k not in told})

@@ -31,7 +31,7 @@ kill -9, a lost machine) is resumed by running again with the same run id. One p
 per run id: the warehouse's run lock.
 
     from engine import run, RunSpec
-    result = run(tasks, RunSpec(mode="sandbox", samples=4, base_url=..., warehouse=...))
+    result = run(tasks, build_run_spec(mode="sandbox", samples=4, base_url=..., warehouse=...))
     result.outcomes  # one EpisodeOutcome per episode that ran
 """
 
@@ -172,7 +172,7 @@ class RunHandle:
         """`job(episode, *args)` for every episode through `executor` under `policy` and
         the run's token: each (episode, outcome or the exception it ended with) as it ends.
 
-        budget: the RunSpec whose max_cost_usd / max_run_tokens bound the run (checked
+        budget: the RunSpec whose budget (max_cost_usd / max_run_tokens) bounds the run (checked
         against the warehouse before any episode starts: a spent one starts none).
         A full warehouse disk stops the run (WarehouseFullError, resume finishes it). A
         caller that stops taking (an error, Ctrl+C, close()) cancels the run's token; the
@@ -378,11 +378,11 @@ def _prewarm(spec: RunSpec, pending: list[EpisodeSpec], executor: Executor) -> N
     episodes ask. Only when episodes run in this process: a Dask worker keeps its own pool.
     """
     n = sum(1 for s in pending if s.mode == "sandbox")
-    if not n or spec.sandbox_reuse != "pool" or not executor.in_process:
+    if not n or spec.sandbox.reuse != "pool" or not executor.in_process:
         return
     from sandbox import prewarm
 
-    prewarm(spec.to_sandbox_config(spec.run_id), min(n, spec.max_sandboxes or spec.concurrency))
+    prewarm(spec.to_sandbox_config(spec.run_id), min(n, spec.fanout.max_sandboxes or spec.fanout.concurrency))
 
 
 def resolve_taskset(spec: RunSpec, tasks: list[Task] | TaskSet | None) -> TaskSet:
@@ -407,37 +407,37 @@ def run(
 ) -> RunResult:
     """Run `tasks` (None: load `spec.task_set`) as `spec` describes; see the module docstring.
 
-    executor: how episodes fan out (default: a thread pool of `spec.concurrency`).
+    executor: how episodes fan out (default: a thread pool of `spec.fanout.concurrency`).
     cancel: the run's token; cancel it from any thread to stop the run (episodes not
         started never start, running ones stop at their next step, recorded interrupted).
         Ctrl+C (KeyboardInterrupt in the consuming thread) cancels it too, then re-raises.
     global_limit: cross-process bounds on sandboxes and model calls (engine.slots).
 
     Raises RunConfigError (a bad parameter, a missing image, an unreachable endpoint),
-    RunLockedError (another process runs this run id; `spec.wait_for_lock` waits),
+    RunLockedError (another process runs this run id; `spec.recording.wait_for_lock` waits),
     WarehouseFullError (the warehouse's disk filled up: the run stops).
     """
     t_start = time.perf_counter()
-    if spec.concurrency < 1:
-        raise RunConfigError(f"--concurrency {spec.concurrency}: must be at least 1")
-    if not spec.base_url and spec.max_model_calls is None:
+    if spec.fanout.concurrency < 1:
+        raise RunConfigError(f"--concurrency {spec.fanout.concurrency}: must be at least 1")
+    if not spec.endpoint.base_url and spec.fanout.max_model_calls is None:
         # The embedded llama.cpp server answers one request at a time: queueing requests
         # in its socket only makes them time out; queue them here instead.
-        spec = spec.model_copy(update={"max_model_calls": 1})
+        spec = spec.replace(max_model_calls=1)
     ts = resolve_taskset(spec, tasks)
     rid = spec.run_id or new_run_id(ts.name)
     episodes = plan(list(ts.tasks), rid, spec.mode, spec.samples)
-    executor = executor or ThreadExecutor(spec.concurrency)
+    executor = executor or ThreadExecutor(spec.fanout.concurrency)
     token = cancel or CancelToken()
     wh, root = None, None
-    if spec.warehouse is not None:
+    if spec.recording.warehouse is not None:
         from warehouse import Warehouse
 
-        root = str(Path(spec.warehouse).expanduser())
+        root = str(Path(spec.recording.warehouse).expanduser())
         wh = Warehouse(root)
     # One run id, one writer (warehouse.runlock): a second process on this run id is
     # refused (or waits), and a kill -9'd holder releases the lock with its death.
-    with open_run(wh, rid, token, wait=spec.wait_for_lock, root=root) as handle:
+    with open_run(wh, rid, token, wait=spec.recording.wait_for_lock, root=root) as handle:
         # The run keeps the exact tasks it ran (warehouse.tasksets): a resumed run goes on
         # with those, even if its source gives other tasks today.
         ran = wh.run_tasks(rid) if wh is not None else None
@@ -454,22 +454,22 @@ def _run_config(spec: RunSpec, live_cfg: Any) -> dict[str, Any]:
     return {
         "mode": spec.mode,
         "samples": spec.samples,
-        "concurrency": spec.concurrency,
-        "max_sandboxes": spec.max_sandboxes,
-        "max_model_calls": spec.max_model_calls,
+        "concurrency": spec.fanout.concurrency,
+        "max_sandboxes": spec.fanout.max_sandboxes,
+        "max_model_calls": spec.fanout.max_model_calls,
         "limits": spec.to_limits().model_dump(),
         "model": live_cfg.public_dict(),
-        "backend": spec.backend,
-        "network": spec.network,
-        "sandbox_reuse": spec.sandbox_reuse,
-        "durability": spec.durability,
+        "backend": spec.sandbox.backend,
+        "network": spec.sandbox.network,
+        "sandbox_reuse": spec.sandbox.reuse,
+        "durability": spec.recording.durability,
         "task_set": spec.task_set,
-        "retries": spec.retries,
+        "retries": spec.fanout.retries,
         # the run's budget (engine.budget); a resume may raise it
-        "max_cost_usd": spec.max_cost_usd,
-        "max_run_tokens": spec.max_run_tokens,
+        "max_cost_usd": spec.budget.max_cost_usd,
+        "max_run_tokens": spec.budget.max_run_tokens,
         # what the run's tokens cost (warehouse/cost.py); {}: unknown
-        "prices": spec.prices,
+        "prices": spec.budget.prices,
     }
 
 
@@ -490,20 +490,20 @@ def _execute(
     done = wh.done_keys(rid) if wh is not None else set()
     pending = [s for s in episodes if (s.task.id, s.mode, s.sample_index) not in done]
     progress.planned(total=len(pending), skipped=len(episodes) - len(pending), run_id=rid)
-    image = spec.image
+    image = spec.sandbox.image
     if "sandbox" in MODES[spec.mode] and pending:
-        image = check_image(spec.backend, spec.image)
-    spec = spec.model_copy(update={"run_id": rid, "warehouse": root, "image": image})
+        image = check_image(spec.sandbox.backend, spec.sandbox.image)
+    spec = spec.replace(run_id=rid, warehouse=root, image=image)
     _prewarm(spec, pending, executor)
     previous = wh.run_info(rid) if wh is not None else None
     pending = _carry_paid(wh, rid, pending, resumed=previous is not None)
     outcomes: list[EpisodeOutcome] = []
     with endpoint(spec.to_model_config()) as live_cfg:
         if pending:
-            live_cfg = preflight_model(live_cfg, model_given=bool(spec.model) or not spec.base_url)
+            live_cfg = preflight_model(live_cfg, model_given=bool(spec.endpoint.model) or not spec.endpoint.base_url)
         # What every episode gets: the resolved spec (the embedded model's address, the model
         # name the server serves), without a key (each process looks its own up).
-        spec = spec.model_copy(update={"base_url": live_cfg.base_url, "model": live_cfg.model})
+        spec = spec.replace(base_url=live_cfg.base_url, model=live_cfg.model)
         if pending:  # --max-cost without a price: refused before anything is recorded
             budgets.check_priced(spec)
         handle.record(
@@ -513,19 +513,19 @@ def _execute(
             dataset_hash=ts.content_hash,
             config=_run_config(spec, live_cfg),
             started_at=(previous or {}).get("started_at"),
-            series=spec.series or (previous or {}).get("series"),
-            image_id=(_image_id(spec.backend, image) if wh is not None and "sandbox" in MODES[spec.mode] else None)
+            series=spec.recording.series or (previous or {}).get("series"),
+            image_id=(_image_id(spec.sandbox.backend, image) if wh is not None and "sandbox" in MODES[spec.mode] else None)
             or (previous or {}).get("image_id"),
         )
         args = (spec,) if global_limit is None else (spec, global_limit)
-        policy = RetryPolicy(retries=spec.retries)
+        policy = RetryPolicy(retries=spec.fanout.retries)
         with contextlib.closing(handle.fan_out(executor, job, pending, args, policy=policy, budget=spec)) as results:
             for _ep, res in results:
                 if not isinstance(res, BaseException):
                     outcomes.append(res if isinstance(res, EpisodeOutcome) else EpisodeOutcome(**res))
         status = handle.finish()
     compaction = (
-        compact_after_run(root, rid) if spec.compact and root is not None and Path(root).is_dir() else None
+        compact_after_run(root, rid) if spec.recording.compact and root is not None and Path(root).is_dir() else None
     )
     elapsed = time.perf_counter() - t_start  # compaction included: the run's own end
     dicts = [o.as_dict() for o in outcomes]

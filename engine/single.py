@@ -106,7 +106,7 @@ def run_single(
         folder.mkdir(parents=True, exist_ok=True)
         if on_ready is not None:
             on_ready(cfg)
-        with JournalRecorder(folder / "records.jsonl") as journal, _run(journal, spec.warehouse, ep, cfg, token) as (recorder, run):
+        with JournalRecorder(folder / "records.jsonl") as journal, _run(journal, spec.recording.warehouse, ep, cfg, token) as (recorder, run):
             check = None
             if replay is not None:
                 from tasks.replay import ReplayDiverged, ReplayError, replay_episode

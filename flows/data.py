@@ -22,13 +22,13 @@ from datagen.budget import BudgetExhausted, BuildBudget
 from datagen.build import Build, BuildError
 from datagen.calibrate import Band, PolicyRunner, engine_policy
 from datagen.questions import TYPES
-from datagen.synth import SlotOutcome, resolve_structured
+from datagen.synth import SYNTH_MAX_TOKENS, SlotOutcome, resolve_structured
 from datasets_prep.rows import LIS_RL_DEFAULT_DOMAIN
 from engine import progress
-from tasks.defaults import DEFAULT_MAX_STEPS
+from tasks.defaults import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TEMPERATURE
 from tasks.model import ModelConfig, api_key_from_env
 from tasks.pricing import load_prices
-from tasks.spec import RunSpec
+from tasks.spec import RunSpec, build_run_spec
 from warehouse import DEFAULT_ROOT, Warehouse
 from warehouse.rundata import RunData
 
@@ -36,7 +36,7 @@ from warehouse.rundata import RunData
 def base_policy(spec: RunSpec) -> PolicyRunner:
     """The base policy of `spec` through the run engine, recorded in the spec's warehouse
     (a calibration run stopped by the build's budget: BudgetExhausted, nothing graded)."""
-    return engine_policy(spec, spec.warehouse or DEFAULT_ROOT)
+    return engine_policy(spec, spec.recording.warehouse or DEFAULT_ROOT)
 
 
 def _synth_progress(total: int, build_id: str) -> Any:
@@ -61,8 +61,8 @@ def data_ingest_flow(corpus: str, out: str, warehouse: str = DEFAULT_ROOT, text_
 def data_synth_flow(out: str, warehouse: str = DEFAULT_ROOT, model: str | None = None,
                     base_url: str | None = None, questions: int = 3, types: list[str] | None = None,
                     structured: str = "auto", concurrency: int = 4, template: str | None = None,
-                    temperature: float = 0.7, max_tokens: int = 1024, domain: str = LIS_RL_DEFAULT_DOMAIN,
-                    request_timeout_s: float = 120.0, build_id: str | None = None,
+                    temperature: float = DEFAULT_TEMPERATURE, max_tokens: int = SYNTH_MAX_TOKENS,
+                    domain: str = LIS_RL_DEFAULT_DOMAIN, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, build_id: str | None = None,
                     max_cost_usd: float | None = None, max_run_tokens: int | None = None,
                     prices: dict[str, Any] | None = None) -> dict[str, Any]:
     """Questions from the pieces; no base_url: the embedded model, started for the stage.
@@ -106,9 +106,9 @@ def data_clean_flow(out: str, warehouse: str = DEFAULT_ROOT, decontaminate: list
 def data_calibrate_flow(out: str, spec: RunSpec, samples: int = 4, band: str = "auto",
                         pass_score: float = 1.0, build_id: str | None = None) -> dict[str, Any]:
     """The base policy (spec: model, sandbox, limits, warehouse) k times per candidate."""
-    b = Build(out, warehouse=spec.warehouse or DEFAULT_ROOT, build_id=build_id)
+    b = Build(out, warehouse=spec.recording.warehouse or DEFAULT_ROOT, build_id=build_id)
     return b.calibrate(base_policy(spec), samples=samples, band=Band.parse(band), pass_score=pass_score,
-                       policy_model=spec.model or "(embedded)").as_dict()
+                       policy_model=spec.endpoint.model or "(embedded)").as_dict()
 
 
 @flow(name="sandflow-data-export", log_prints=False)
@@ -129,21 +129,21 @@ def _calibration_budget(spec: RunSpec, synth: dict[str, Any]) -> RunSpec:
     spent = synth.get("budget")
     if not spent:
         return spec
-    b = BuildBudget(spec.max_cost_usd, spec.max_run_tokens, spent_tokens=int(spent["spent_tokens"]),
+    b = BuildBudget(spec.budget.max_cost_usd, spec.budget.max_run_tokens, spent_tokens=int(spent["spent_tokens"]),
                     spent_usd=float(spent.get("spent_usd") or 0.0))
     reason = b.exceeded()
     if reason is not None:
         raise BudgetExhausted(f"the build stopped before calibration: {reason}. Resume with a "
                               "higher budget: the same command and --out")
     usd, tokens = b.left()
-    return spec.model_copy(update={"max_cost_usd": usd, "max_run_tokens": tokens})
+    return spec.replace(max_cost_usd=usd, max_run_tokens=tokens)
 
 
 @flow(name="sandflow-data-build", log_prints=False)
 def data_build_flow(corpus: str, out: str, spec: RunSpec, questions: int = 3,
                     types: list[str] | None = None, structured: str = "auto",
                     synth_concurrency: int = 4, template: str | None = None,
-                    synth_temperature: float = 0.7, synth_max_tokens: int = 1024,
+                    synth_temperature: float = DEFAULT_TEMPERATURE, synth_max_tokens: int = SYNTH_MAX_TOKENS,
                     text_column: str = "text", piece_tokens: int = 1024, limit: int | None = None,
                     decontaminate: list[str] | None = None, samples: int = 4, band: str = "auto",
                     domain: str = LIS_RL_DEFAULT_DOMAIN, calibrate: bool = True,
@@ -152,17 +152,17 @@ def data_build_flow(corpus: str, out: str, spec: RunSpec, questions: int = 3,
     The generator is the spec's endpoint (the same model writes and, as the base policy,
     calibrates; pass another spec to data_calibrate_flow for a different policy).
     `calibrate=False` exports the clean candidates without a pass-rate band."""
-    wh = spec.warehouse or DEFAULT_ROOT
+    wh = spec.recording.warehouse or DEFAULT_ROOT
     stages: dict[str, Any] = {}
     stages["ingest"] = data_ingest_flow(corpus, out, wh, text_column=text_column, piece_tokens=piece_tokens,
                                         limit=limit, build_id=build_id)
-    stages["synth"] = data_synth_flow(out, wh, model=spec.model, base_url=spec.base_url, questions=questions,
+    stages["synth"] = data_synth_flow(out, wh, model=spec.endpoint.model, base_url=spec.endpoint.base_url, questions=questions,
                                       types=types, structured=structured, concurrency=synth_concurrency,
                                       template=template, temperature=synth_temperature,
                                       max_tokens=synth_max_tokens, domain=domain, build_id=build_id,
-                                      request_timeout_s=spec.request_timeout_s or 120.0,
-                                      max_cost_usd=spec.max_cost_usd, max_run_tokens=spec.max_run_tokens,
-                                      prices=spec.prices)
+                                      request_timeout_s=spec.endpoint.request_timeout_s,
+                                      max_cost_usd=spec.budget.max_cost_usd, max_run_tokens=spec.budget.max_run_tokens,
+                                      prices=spec.budget.prices)
     stages["clean"] = data_clean_flow(out, wh, decontaminate=decontaminate, build_id=build_id)
     if calibrate:
         stages["calibrate"] = data_calibrate_flow(out, _calibration_budget(spec, stages["synth"]),
@@ -185,8 +185,8 @@ def data_build_job(
     band: str = "auto",
     decontaminate: list[str] | None = None,
     concurrency: int = 4,
-    max_steps: int = DEFAULT_MAX_STEPS,
-    max_tokens: int = 1024,
+    max_steps: int | None = None,
+    max_tokens: int = SYNTH_MAX_TOKENS,
     calibrate: bool = True,
     build_id: str | None = None,
     prices: dict[str, Any] | None = None,
@@ -196,9 +196,9 @@ def data_build_job(
     """The deployment's entry (prefect.yaml `data-build`): plain parameters (Prefect stores
     them; the endpoint's key comes from the worker's SANDFLOW_API_KEY, never from here).
     `max_cost_usd` / `max_run_tokens`: the build's budget (datagen.budget), priced by `prices`."""
-    spec = RunSpec(model=model, base_url=base_url, warehouse=warehouse, mode="sandbox",
-                   concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens,
-                   prices=dict(prices or {}), max_cost_usd=max_cost_usd, max_run_tokens=max_run_tokens)
+    spec = build_run_spec(model=model, base_url=base_url, warehouse=warehouse, mode="sandbox",
+                          concurrency=concurrency, max_steps=max_steps, max_tokens=max_tokens,
+                          prices=prices, max_cost_usd=max_cost_usd, max_run_tokens=max_run_tokens)
     return data_build_flow(corpus, out, spec, questions=questions, synth_concurrency=concurrency,
                            synth_max_tokens=max_tokens, decontaminate=decontaminate, samples=samples,
                            band=band, calibrate=calibrate, build_id=build_id)

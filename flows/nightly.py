@@ -5,8 +5,8 @@ resumes the run step (finished episodes are skipped) and redoes the cheap steps.
 
 `benchmark_flow(spec)` is what `sandflow bench` runs: the command builds the RunSpec.
 `nightly_flow` and `rl_data_flow` are the deployments of prefect.yaml: a scheduler fills
-their flat parameters (the knobs a schedule may set), which they turn into the same
-RunSpec once.
+their flat parameters (the knobs a schedule may set; None: the run part's default,
+tasks/spec.py), which they turn into the same RunSpec once (tasks.spec.build_run_spec).
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from flows.run import make_task_runner, run_flow
 from flows.score import score_flow
 from flows.tokens import tokens_flow
 from flows.usage import usage_flow
-from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
-from tasks.spec import RunSpec
+from tasks.defaults import RL_TEMPERATURE
+from tasks.spec import RunSpec, build_run_spec
 from warehouse import DEFAULT_ROOT
 
 
 def _run(spec: RunSpec, task_runner: str, dask_address: str | None) -> tuple[dict[str, Any], dict[str, Any], str]:
     """prepare + run; returns both summaries and the prepared task-set file."""
-    warehouse = spec.warehouse or DEFAULT_ROOT
+    warehouse = spec.recording.warehouse or DEFAULT_ROOT
     prep = prepare_flow(source=spec.task_set, warehouse=warehouse)
-    runner = make_task_runner(task_runner, spec.concurrency, dask_address)
+    runner = make_task_runner(task_runner, spec.fanout.concurrency, dask_address)
     run = run_flow.with_options(task_runner=runner)(
-        spec.model_copy(update={"task_set": prep["task_set"], "warehouse": warehouse})
+        spec.replace(task_set=prep["task_set"], warehouse=warehouse)
     )
     return prep, run, prep["task_set"]
 
@@ -55,7 +55,7 @@ def benchmark(
 ) -> dict[str, Any]:
     """The benchmark's steps (inside a flow); returns every step's summary.
 
-    The run joins the series `spec.series` of its task set and model; the report compares
+    The run joins the series `spec.recording.series` of its task set and model; the report compares
     it with the series' previous run. With `fail_on_regression`, a significant drop
     (Holm-adjusted p < `alpha`), or a rise of cost per task above `max_cost_increase` %
     (docs/cost.md), fails the flow run with RegressionFound once the report is written.
@@ -83,7 +83,7 @@ def benchmark(
 def _check_priced(spec: RunSpec) -> None:
     """A deployment's --max-cost needs a price for its model: refused before any work
     (engine.budget.check_priced, RunConfigError naming both)."""
-    if spec.model:
+    if spec.endpoint.model:
         from engine.budget import check_priced
 
         check_priced(spec)
@@ -109,20 +109,20 @@ def nightly_flow(
     source: str = "smoke",
     model: str | None = None,
     base_url: str | None = None,
-    mode: str = "both",
-    samples: int = 1,
-    concurrency: int = 4,
+    mode: str | None = None,
+    samples: int | None = None,
+    concurrency: int | None = None,
     max_sandboxes: int | None = None,
     max_model_calls: int | None = None,
-    max_steps: int = DEFAULT_MAX_STEPS,
-    temperature: float = 0.7,
-    max_tokens: int = 2048,
-    wall_clock_s: float = DEFAULT_WALL_CLOCK_S,
+    max_steps: int | None = None,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    wall_clock_s: float | None = None,
     warehouse: str = DEFAULT_ROOT,
     run_id: str | None = None,
     task_runner: str = "thread",
     dask_address: str | None = None,
-    network: str = "none",
+    network: str | None = None,
     verifier: str | None = None,
     max_seq_tokens: int | None = None,
     rollouts: bool = True,
@@ -139,7 +139,7 @@ def nightly_flow(
 ) -> dict[str, Any]:
     """The nightly deployment: benchmark a model on a task source end to end. The run joins
     the series `series` (default: the deployment's name; ad hoc without one)."""
-    spec = RunSpec(
+    spec = build_run_spec(
         task_set=source,
         model=model,
         base_url=base_url,
@@ -158,7 +158,7 @@ def nightly_flow(
         request_timeout_s=request_timeout_s,
         series=series or _deployment_name(),
         wait_for_lock=wait_for_lock,
-        prices=dict(prices or {}),
+        prices=prices,
         max_cost_usd=max_cost_usd,
         max_run_tokens=max_run_tokens,
     )
@@ -182,13 +182,13 @@ def rl_data_flow(
     source: str = "smoke",
     model: str | None = None,
     base_url: str | None = None,
-    samples: int = 8,
-    concurrency: int = 4,
+    samples: int = 8,  # k samples per task: the group of RLOO/GRPO advantages
+    concurrency: int | None = None,
     max_sandboxes: int | None = None,
     max_model_calls: int | None = None,
-    max_steps: int = DEFAULT_MAX_STEPS,
-    temperature: float = 1.0,
-    max_tokens: int = 2048,
+    max_steps: int | None = None,
+    temperature: float = RL_TEMPERATURE,
+    max_tokens: int | None = None,
     warehouse: str = DEFAULT_ROOT,
     run_id: str | None = None,
     task_runner: str = "thread",
@@ -202,7 +202,7 @@ def rl_data_flow(
 ) -> dict[str, Any]:
     """LLM-in-Sandbox-RL data: sandbox mode, k samples per task at temperature 1.0,
     scored, exported with group advantages (RLOO, as the paper; GRPO beside it)."""
-    spec = RunSpec(
+    spec = build_run_spec(
         task_set=source,
         model=model,
         base_url=base_url,
@@ -218,7 +218,7 @@ def rl_data_flow(
         run_id=run_id,
         logprobs=logprobs,
         return_token_ids=return_token_ids,
-        prices=dict(prices or {}),
+        prices=prices,
         max_cost_usd=max_cost_usd,
         max_run_tokens=max_run_tokens,
     )

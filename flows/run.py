@@ -24,10 +24,10 @@ from tasks.spec import RunSpec
 def execute_run(spec: RunSpec) -> dict[str, Any]:
     """The body of the run flow (must run inside a Prefect flow: it submits tasks).
 
-    Raises RunLockedError when another process runs this run id (`spec.wait_for_lock`:
+    Raises RunLockedError when another process runs this run id (`spec.recording.wait_for_lock`:
     True waits for it, a number waits that many seconds).
     """
-    if spec.warehouse is None:
+    if spec.recording.warehouse is None:
         raise RunConfigError("a run needs a warehouse to record its episodes in (--warehouse)")
     result = engine_run(None, spec, executor=PrefectExecutor(), job=episode_body)
     return result.summary
@@ -132,7 +132,7 @@ def run_flow(spec: RunSpec) -> dict[str, Any]:
     """Run a task set against a model in sandbox and/or LLM mode; resumable by run id.
 
     Everything about the run is in `spec` (tasks/spec.py). One process per run id: a
-    second one raises RunLockedError naming the holder, or with `spec.wait_for_lock`
+    second one raises RunLockedError naming the holder, or with `spec.recording.wait_for_lock`
     waits for it (True: as long as it takes; seconds: that long).
 
     At the end the run's files are compacted (one file per table; `spec.compact=False`

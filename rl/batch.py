@@ -63,10 +63,13 @@ from rl.slots import Slots
 from rl.toolcalls import FORMATS, TextReply, parse_text_tool_calls
 from rl.tree import Branch, BranchSpec, branch_points, grow
 from sandbox.base import SandboxConfig
+from tasks.defaults import RL_REQUEST_TIMEOUT_S, RL_TEMPERATURE
 from tasks.loop import EpisodeResult, Limits, SteppedEpisode, run_episode
 from tasks.model import DEFAULT_RETRY_WINDOW_S, ModelClient, ModelConfig, ModelReply
 from tasks.records import EpisodeRecord, Recorder, episode_key
-from tasks.spec import RunSpec
+from tasks.spec import Endpoint as RunEndpoint
+from tasks.spec import Sampling as RunSampling
+from tasks.spec import build_run_spec, model_config_of
 from warehouse.schema import check_run_id
 
 MAX_EPISODES_PER_BATCH = 100_000
@@ -77,29 +80,37 @@ END_WAIT_S = 60.0
 log = logging.getLogger(__name__)
 
 
-class Endpoint(BaseModel):
-    """The trainer's OpenAI-compatible server (vLLM, SGLang) serving the current policy."""
+class Endpoint(RunEndpoint):
+    """The trainer's OpenAI-compatible server (vLLM, SGLang) serving the current policy: a
+    run's endpoint part (tasks.spec.Endpoint), with its own key and a longer wait."""
+
+    model_config = ConfigDict(extra="ignore")  # as the request has always read it
 
     base_url: str = Field(..., min_length=1, max_length=2000)
     model: str = Field(..., min_length=1, max_length=500)
     api_key: SecretStr | None = Field(None, exclude=True, repr=False)
-    request_timeout_s: float = Field(600.0, gt=0)
-    max_retries: int | None = Field(
-        None, ge=0, le=1000, description="None: retries bounded by retry_window_s only"
-    )
+    request_timeout_s: float = Field(
+        RL_REQUEST_TIMEOUT_S, gt=0,
+        description="600 s, not a run's 120: the trainer's server generates the whole batch at "
+        "once (and pauses for weight syncs), so one call may queue for minutes (tasks/defaults.py)",
+    )  # fmt: skip
     retry_window_s: float = Field(
         DEFAULT_RETRY_WINDOW_S, ge=0, le=3600, description="how long one call's retries go on"
     )
 
 
-class Sampling(BaseModel):
-    temperature: float = Field(1.0, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    max_tokens: int = Field(2048, ge=1)
+class Sampling(RunSampling):
+    """A run's sampling part (tasks.spec.Sampling) with the defaults of on-policy rollouts:
+    temperature 1.0 (the policy's own distribution; tasks/defaults.py RL_TEMPERATURE), and
+    the logprobs and token ids a trainer needs. `extra` in the request's JSON."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)  # as it has always read it
+
+    temperature: float = Field(RL_TEMPERATURE, ge=0)
     logprobs: bool = True
     return_token_ids: bool = True
-    extra: dict[str, Any] = Field(
-        default_factory=dict, description="passed as is (top_k, min_p...)"
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict, alias="extra", description="passed as is (top_k, min_p...)"
     )
 
 
@@ -226,23 +237,16 @@ class Batch:
         self.episodes: list[EpisodeSpec] = plan(self.tasks, self.run_id, "sandbox", request.n)
         self.episode_ids: set[str] = {ep.key for ep in self.episodes}
         self.recorder = RolloutRecorder(recorder, request.tags(), self._cancelled)
-        # Endpoint and Sampling name their fields as ModelConfig does (the key is left out
-        # of dumps, `extra` is the request body's extras)
-        self.model_cfg = ModelConfig(
-            **request.endpoint.model_dump(),
-            api_key=request.endpoint.api_key,
-            **request.sampling.model_dump(exclude={"extra"}),
-            extra_body=request.sampling.extra,
-        )
+        self.model_cfg = model_config_of(request.endpoint, request.sampling, request.endpoint.api_key)
         self.client = TextToolClient(self.model_cfg, request.tool_call_format)
         # the budget (engine.budget) counts the batch's run in the warehouse: the RunSpec it reads
         b = request.budget or default_budget or Budget()
-        self.budget_spec = RunSpec(
+        self.budget_spec = build_run_spec(
             run_id=self.run_id,
             model=request.endpoint.model,
             base_url=request.endpoint.base_url,
             warehouse=str(warehouse.root) if warehouse is not None else None,
-            prices=dict(prices or {}),
+            prices=prices,
             max_cost_usd=b.max_cost_usd,
             max_run_tokens=b.max_run_tokens,
         )
@@ -306,14 +310,14 @@ class Batch:
             "policy_version": req.policy_version,
             "n": req.n,
             "tasks": len(self.tasks),
-            "sampling": req.sampling.model_dump(),
+            "sampling": req.sampling.model_dump(by_alias=True),
             "endpoint": req.endpoint.model_dump(),  # api_key excluded by the model
             "limits": self.limits.model_dump(),
             # what `run_cost` prices the batch's turns with (warehouse/cost.py), and its budget
             "model": {"model": req.endpoint.model, "base_url": req.endpoint.base_url},
-            "prices": self.budget_spec.prices,
-            "max_cost_usd": self.budget_spec.max_cost_usd,
-            "max_run_tokens": self.budget_spec.max_run_tokens,
+            "prices": self.budget_spec.budget.prices,
+            "max_cost_usd": self.budget_spec.budget.max_cost_usd,
+            "max_run_tokens": self.budget_spec.budget.max_run_tokens,
         }
 
     def end(self, compact: bool = True) -> str | None:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 NetworkPolicy = Literal["none", "bridge", "host", "allowlist", "open"]
 BackendName = str  # a name registered in sandbox/backends.py ("docker", "bwrap", ...)
+# THE default backend (a run's sandbox part, the settings, a SandboxConfig)
+DEFAULT_BACKEND: BackendName = "docker"
 
 
 class ExecResult(BaseModel):
@@ -100,7 +102,7 @@ class SandboxLimits(BaseModel):
 class SandboxConfig(BaseModel):
     """Everything needed to open one sandbox."""
 
-    backend: BackendName = "docker"
+    backend: BackendName = DEFAULT_BACKEND
     image: str | None = None  # default: the content-hashed tag of sandbox.image.DEFAULT_SPEC
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     run_id: str = "adhoc"

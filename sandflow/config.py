@@ -20,13 +20,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import NoDecode
 
+from sandbox.base import DEFAULT_BACKEND
 from sandflow.host import HostSettings
+from tasks.defaults import DEFAULT_MAX_TOKENS, DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TEMPERATURE
 from tasks.model import API_KEY_ENV
 from tasks.pricing import PriceTable, load_prices
 from warehouse import DEFAULT_ROOT
 
 if TYPE_CHECKING:
     from datasets_prep.verifiers.judge import JudgeEndpoint
+    from tasks.spec import RunSpec
 
 SECRET_FIELDS = frozenset({"api_key", "judge_api_key"})
 
@@ -40,12 +43,12 @@ class Settings(HostSettings):
     api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices(*API_KEY_ENV), exclude=True
     )
-    temperature: float = 0.7
-    max_tokens: int = 2048
-    request_timeout_s: float = 120.0
+    temperature: float = DEFAULT_TEMPERATURE
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
 
     # Sandbox
-    backend: str = "docker"
+    backend: str = DEFAULT_BACKEND
     image: str | None = None
     network: str = "none"
     # "pool": warm sandboxes reset between episodes; "fresh": one per episode. None: the
@@ -120,6 +123,31 @@ class Settings(HostSettings):
             api_key=self.judge_api_key,
             timeout_s=self.request_timeout_s,
         )
+
+
+def run_spec(s: Settings, **flags: Any) -> RunSpec:
+    """A command's RunSpec: what the settings decide (endpoint, sampling, request timeout,
+    sandbox backend, image, network, reuse and runtime, recording, prices), then the
+    command's own flags (None: not given), through the one builder (tasks.spec.build_run_spec).
+    A bad value raises pydantic's ValidationError (a ValueError) naming it."""
+    from tasks.spec import build_run_spec
+
+    settled = {
+        "model": s.model,
+        "base_url": s.base_url,
+        "temperature": s.temperature,
+        "max_tokens": s.max_tokens,
+        "request_timeout_s": s.request_timeout_s,
+        "warehouse": str(s.warehouse),
+        "backend": s.backend,
+        "image": s.image,
+        "network": s.network,
+        "sandbox_reuse": s.sandbox_reuse,
+        "sandbox_runtime": s.sandbox_runtime,
+        "durability": s.durability,
+        "prices": s.prices.public_dict(),
+    }
+    return build_run_spec(settled, **flags)
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -4,7 +4,7 @@ The libraries never read SANDFLOW_* (tests/test_settings_boundary.py fails if on
 the CLI resolves these once (`apply_host_settings`, in the root command) from the
 environment (`SANDFLOW_<NAME>`) and the config file (`<name> = ...` in sandflow.toml or
 the file named by SANDFLOW_CONFIG), and configures each library with plain values. A run
-hands the sandbox's share on to its worker processes (RunSpec.sandbox_host).
+hands the sandbox's share on to its worker processes (RunSpec.sandbox.host).
 
 Kept apart from sandflow/config.py (the run's settings) so that `sandflow --help` does
 not pay for importing the libraries: only settings that differ from the defaults are

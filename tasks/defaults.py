@@ -20,3 +20,20 @@ EMBEDDED_MODEL_MAX_STEPS = 4
 # its prefix cache), each call capped at 256 completion tokens (it rambles to the cap).
 EMBEDDED_MODEL_CONCURRENCY = 1
 EMBEDDED_MODEL_MAX_TOKENS = 256
+
+# THE defaults of how a run samples and waits for its model (tasks.spec.Sampling and
+# Endpoint, tasks.model.ModelConfig, the settings, the data build's generator).
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_MAX_TOKENS = 2048  # completion tokens per call
+# request_timeout_s when none is given. The embedded server stops a generation when its
+# client leaves and bounds each call's tokens (tasks/local_model_app.py): a timed-out call
+# frees it at once, so its retry no longer queues behind abandoned work and needs no longer wait.
+DEFAULT_REQUEST_TIMEOUT_S = 120.0
+# Rollouts for RL (the rollout server's requests, the rl-data deployment) sample the
+# policy's own distribution: temperature 1.0, as LLM-in-Sandbox-RL does; their group
+# advantages assume it.
+RL_TEMPERATURE = 1.0
+# A rollout request's call to the trainer's server waits longer than a run's: that server
+# generates the whole batch's samples at once (and pauses for weight syncs), so one call
+# may queue for minutes behind the others without anything being wrong.
+RL_REQUEST_TIMEOUT_S = 600.0

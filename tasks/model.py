@@ -50,6 +50,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
+from tasks.defaults import DEFAULT_MAX_TOKENS, DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TEMPERATURE
 from tasks.replies import ModelReply as ModelReply  # re-exported: its home is tasks.replies
 from tasks.replies import message_calls, usage_from_openai
 
@@ -84,13 +85,13 @@ class ModelConfig(BaseModel):
     model: str = Field("default", description="model name as the server serves it")
     base_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. http://h:8000/v1")
     api_key: SecretStr | None = Field(None, exclude=True, repr=False)
-    temperature: float = Field(0.7, ge=0)
+    temperature: float = Field(DEFAULT_TEMPERATURE, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    max_tokens: int = Field(2048, ge=1, description="completion tokens per call")
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="completion tokens per call")
     min_max_tokens: int = Field(
         64, ge=1, description="a context-length error shrinks max_tokens down to this, then stops"
     )
-    request_timeout_s: float = Field(120.0, gt=0)
+    request_timeout_s: float = Field(DEFAULT_REQUEST_TIMEOUT_S, gt=0)
     max_retries: int | None = Field(
         None,
         ge=0,

@@ -228,7 +228,7 @@ def run(
         typer.echo(
             f"replayed {done.replay.calls} tool call(s) of turns < {until_turn} of {replay}: "
             f"{done.replay.total} divergence(s); parent {rec.parent_run_id}/{rec.parent_episode_id}, "
-            f"branch turn {rec.branch_turn}; warehouse {spec.warehouse}"
+            f"branch turn {rec.branch_turn}; warehouse {spec.recording.warehouse}"
         )
     if rec.error and rec.termination != "submitted":
         typer.secho(f"{rec.termination}: {rec.error}", err=True, fg=typer.colors.YELLOW)
@@ -282,9 +282,8 @@ def _run_spec(
     """The settings and the episode's RunSpec, every value checked now (exit 2 naming it)."""
     from pydantic import ValidationError
 
-    from sandflow.config import load_settings
+    from sandflow.config import load_settings, run_spec
     from tasks.prompts import load_prompts
-    from tasks.spec import RunSpec
 
     try:
         load_prompts(domain, str(prompt_dir) if prompt_dir else None)
@@ -294,16 +293,16 @@ def _run_spec(
             backend=backend.value if backend else None,
             network=network, image=image,
         )
-        spec = RunSpec(
-            task_set="adhoc", mode=mode.value, model=settings.model, base_url=settings.base_url,
-            temperature=settings.temperature, max_tokens=settings.max_tokens,
-            request_timeout_s=settings.request_timeout_s, logprobs=logprobs,
+        # the settings' endpoint, sampling and sandbox; one episode's sandbox is fresh (no
+        # pool to return it to), and it is recorded only where asked (or replayed from)
+        spec = run_spec(
+            settings, task_set="adhoc", mode=mode.value, logprobs=logprobs,
             return_token_ids=logprobs, extra_body=extra, max_steps=max_steps,
             context_tokens=context_tokens, wall_clock_s=wall_clock, exec_timeout_s=exec_timeout,
-            prompt_dir=str(prompt_dir) if prompt_dir else None, backend=settings.backend,
-            image=settings.image, network=settings.network,
-            sandbox_runtime=settings.sandbox_runtime,
+            prompt_dir=str(prompt_dir) if prompt_dir else None,
+        ).replace(
             warehouse=str(warehouse or (settings.warehouse if replay else "")) or None,
+            sandbox_reuse="fresh",
         )
         spec.to_model_config(), spec.to_limits(), spec.to_sandbox_config()  # every value checked now
     except ValidationError as exc:
@@ -326,8 +325,8 @@ def _task_or_replay(
         if replay is not None:
             from engine.replay import plan_replay
 
-            assert spec.warehouse is not None and until_turn is not None
-            plan = plan_replay(spec.warehouse, replay, until_turn, ignore=tuple(replay_ignore),
+            assert spec.recording.warehouse is not None and until_turn is not None
+            plan = plan_replay(spec.recording.warehouse, replay, until_turn, ignore=tuple(replay_ignore),
                                allow_divergence=allow_divergence)  # fmt: skip
             return plan.task, plan
         assert query is not None  # checked by _check_flags

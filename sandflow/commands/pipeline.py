@@ -106,7 +106,7 @@ def _budget_priced(spec: Any) -> Any:
     from engine.budget import check_priced
     from engine.plan import RunConfigError
 
-    if spec.model:
+    if spec.endpoint.model:
         try:
             check_priced(spec)
         except RunConfigError as exc:
@@ -144,25 +144,10 @@ def _settings(**overrides: Any) -> Any:
 
 
 def _run_spec(s: Any, **flags: Any) -> Any:
-    """The RunSpec of `bench` and `flows run`: what the settings decide (endpoint, sampling,
-    sandbox backend, image and network, reuse, recording), then the command's own flags."""
-    from tasks.spec import RunSpec
+    """The RunSpec of `bench` and `flows run`: the settings' values, then the command's flags."""
+    from sandflow.config import run_spec
 
-    settled = {
-        "model": s.model,
-        "base_url": s.base_url,
-        "temperature": s.temperature,
-        "max_tokens": s.max_tokens,
-        "warehouse": str(s.warehouse),
-        "backend": s.backend,
-        "image": s.image,
-        "network": s.network,
-        "sandbox_reuse": s.sandbox_reuse or "fresh",
-        "sandbox_runtime": s.sandbox_runtime,
-        "durability": s.durability,
-        "prices": s.prices.public_dict(),
-    }
-    return RunSpec(**{**settled, **{k: v for k, v in flags.items() if v is not None}})
+    return run_spec(s, **flags)
 
 
 def _run_settings(
@@ -534,7 +519,7 @@ def bench(
     )  # fmt: skip
     _console().print(
         f"[bold]sandflow bench[/] source=[cyan]{source}[/] mode={mode} samples={samples} "
-        f"concurrency={spec.concurrency} max_steps={spec.max_steps} model=[cyan]{s.model or '(embedded)'}[/] "
+        f"concurrency={spec.fanout.concurrency} max_steps={spec.limits.max_steps} model=[cyan]{s.model or '(embedded)'}[/] "
         f"endpoint={s.base_url or '(embedded, started now)'} warehouse={s.warehouse}"
     )
     _check_run_free(str(s.warehouse), run_id, wait)

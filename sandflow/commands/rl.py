@@ -95,9 +95,8 @@ def serve(
     from rl.batch import Budget
     from rl.server import ServerConfig
     from rl.server import serve as run_server
-    from sandflow.config import command_settings, flag_prices
+    from sandflow.config import command_settings, flag_prices, run_spec
     from sandflow.errors import EXIT_USAGE, fail
-    from tasks.spec import RunSpec
 
     try:
         table = flag_prices(prices)
@@ -108,14 +107,11 @@ def serve(
         **({"prices": table} if table is not None else {}),
     )
     # The episodes' sandbox and limits, built the one way every command builds them.
-    spec = RunSpec(
-        backend=settings.backend,
-        image=settings.image,
-        network=settings.network,
+    spec = run_spec(
+        settings,
         # RL runs hundreds of short episodes against a local policy: warm sandboxes
         # (reset between episodes) unless SANDFLOW_SANDBOX_REUSE=fresh
         sandbox_reuse=settings.sandbox_reuse or "pool",
-        sandbox_runtime=settings.sandbox_runtime,
         max_steps=max_steps,
         wall_clock_s=wall_clock,
         exec_timeout_s=exec_timeout,
@@ -169,18 +165,15 @@ def openenv(
     from rl.env import default_run_id
     from rl.recording import RolloutTags
     from rl.reward import RewardError
-    from sandflow.config import command_settings
-    from tasks.spec import RunSpec
+    from sandflow.config import command_settings, run_spec
 
     settings = command_settings(warehouse=warehouse, backend=backend)
     try:
         ts = load_taskset(tasks)
     except (ValueError, OSError) as exc:
         raise fail(str(exc), EXIT_USAGE, label="Error") from None
-    spec = RunSpec(
-        backend=settings.backend, image=settings.image, network=settings.network,
-        sandbox_runtime=settings.sandbox_runtime, max_steps=max_steps, wall_clock_s=wall_clock,
-    )  # fmt: skip
+    # a fresh sandbox per session, as OpenEnv sessions have always had
+    spec = run_spec(settings, sandbox_reuse="fresh", max_steps=max_steps, wall_clock_s=wall_clock)
     cfg = ServerConfig(
         tasks={t.id: t for t in ts.tasks},
         warehouse=Path(settings.warehouse),
