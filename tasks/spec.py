@@ -273,5 +273,5 @@ def build_run_spec(values: Mapping[str, Any] | None = None, /, **flags: Any) -> 
     """THE builder of a RunSpec: `values` (the settings' as the application hands them in,
     or a flow's parameters), then `flags` over them. Flat names or parts; None is "not
     given" (the part's default). A bad value raises pydantic's ValidationError naming it."""
-    given = {k: v for k, v in {**(values or {}), **flags}.items() if v is not None}
+    given = {k: v for part in (values or {}, flags) for k, v in part.items() if v is not None}
     return RunSpec.model_validate(given)

@@ -127,3 +127,64 @@ def test_no_function_is_longer_than_a_screenful_or_two() -> None:
                 if size > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({size} lines)")
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+RUN_DESCRIPTION = {"RunSpec", "Endpoint", "Sampling", "EpisodeLimits", "SandboxSpec", "Recording", "FanOut", "Budget"}
+BUILT_BY = {"model_validate", "model_validate_json", "model_validate_strings", "model_construct"}
+
+
+def _run_descriptions_built(source: str, where: str) -> list[str]:
+    """Where `source` builds a run description (tasks.spec's RunSpec or one of its parts,
+    however imported) itself: a call, a model_validate or a model_construct of it."""
+    import ast
+
+    tree = ast.parse(source, where)
+    names: set[str] = set()  # local names of tasks.spec's classes
+    modules: set[str] = set()  # local names of the module tasks.spec
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("tasks.spec", "engine"):
+            names |= {a.asname or a.name for a in node.names if a.name in RUN_DESCRIPTION}
+            if node.module == "engine":
+                names -= {a.asname or a.name for a in node.names if a.name != "RunSpec"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "tasks":
+            modules |= {a.asname or a.name for a in node.names if a.name == "spec"}
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname or a.name for a in node.names if a.name in ("tasks.spec", "engine")}
+
+    def is_class(node: ast.expr) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in names
+        if isinstance(node, ast.Attribute) and node.attr in RUN_DESCRIPTION:
+            base = node.value
+            dotted = ast.unparse(base)
+            return dotted in modules or dotted in ("tasks.spec", "engine")
+        return False
+
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if is_class(f) or (isinstance(f, ast.Attribute) and f.attr in BUILT_BY and is_class(f.value)):
+            found.append(f"{where}:{node.lineno}")
+    return found
+
+
+def test_a_run_description_is_built_by_its_one_builder() -> None:
+    """A run is described once, by tasks.spec.build_run_spec (the application hands it its
+    settings through sandflow.config.run_spec): no module, benchmarks included, builds a
+    RunSpec or one of its parts itself, so a run parameter's default has one home and
+    adding one is a field and the line that uses it (issue #38). Tests are excepted."""
+    planted = (
+        "from tasks.spec import RunSpec as R, Sampling\nimport engine\nfrom tasks import spec\n"
+        "R(model='m')\nSampling()\nengine.RunSpec()\nspec.FanOut()\nR.model_validate({})\n"
+        "spec.build_run_spec(model='m')\n"
+    )
+    assert len(_run_descriptions_built(planted, "planted.py")) == 5  # the check can fail
+    found = []
+    sources = _library_sources() + sorted((REPO / "sandbox").rglob("*.py")) + sorted((REPO / "benchmarks").rglob("*.py"))
+    for path in sources:
+        if path == REPO / "tasks" / "spec.py":
+            continue
+        found += _run_descriptions_built(path.read_text(), str(path.relative_to(REPO)))
+    assert not found, f"a run description built outside tasks.spec.build_run_spec: {found}"

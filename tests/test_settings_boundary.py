@@ -283,7 +283,7 @@ def test_a_run_carries_the_sandbox_settings_to_the_processes_that_run_its_episod
     host_settings(engine_call_timeout_s=7, netns_reuse=False, cache_dir=tmp_path)
     spec = RunSpec(task_set="smoke")
     carried = RunSpec.model_validate_json(spec.model_dump_json())  # as Prefect/Dask move it
-    assert carried.sandbox_host == {"engine_call_timeout_s": 7, "netns_reuse": False, "cache_dir": str(tmp_path)}
+    assert carried.sandbox.host == {"engine_call_timeout_s": 7, "netns_reuse": False, "cache_dir": str(tmp_path)}
     settings.configure(settings.HostSettings())  # a fresh worker process: the defaults
     use_host_settings(carried)
     now = settings.current()

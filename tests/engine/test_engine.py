@@ -262,9 +262,9 @@ def test_the_embedded_models_defaults_fill_only_what_the_caller_was_not_told() -
 
     spec = RunSpec(task_set="smoke")
     short = embedded_model_defaults(spec, told=())
-    assert (short.max_steps, short.concurrency, short.max_tokens) == (EMBEDDED_MODEL_MAX_STEPS, 1, 256)
+    assert (short.limits.max_steps, short.fanout.concurrency, short.sampling.max_tokens) == (EMBEDDED_MODEL_MAX_STEPS, 1, 256)
     told = embedded_model_defaults(RunSpec(task_set="smoke", max_steps=9, max_tokens=700), {"max_steps", "max_tokens"})
-    assert (told.max_steps, told.concurrency, told.max_tokens) == (9, 1, 700)
+    assert (told.limits.max_steps, told.fanout.concurrency, told.sampling.max_tokens) == (9, 1, 700)
     remote = RunSpec(task_set="smoke", base_url="http://127.0.0.1:9/v1")
     assert embedded_model_defaults(remote, told=()) == remote
-    assert remote.max_steps == DEFAULT_MAX_STEPS and remote.concurrency == 4
+    assert remote.limits.max_steps == DEFAULT_MAX_STEPS and remote.fanout.concurrency == 4
