@@ -49,11 +49,6 @@ from datasets_prep.task import DOCUMENTS_DIR, Task, make_task
 from tasks.model import ModelClient, ModelConfig, ModelError
 from warehouse.layout import fsync_dir
 
-# The generator's completion tokens per call unless told: one question's JSON (a stem, its
-# choices, the answer) needs far fewer than a run's DEFAULT_MAX_TOKENS; on purpose lower, so
-# a rambling generator costs less. The data build's --max-tokens covers its calibration run too.
-SYNTH_MAX_TOKENS = 1024
-
 STRUCTURED = ("json_schema", "json_object", "guided_json", "none")
 
 

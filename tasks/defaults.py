@@ -37,3 +37,9 @@ RL_TEMPERATURE = 1.0
 # generates the whole batch's samples at once (and pauses for weight syncs), so one call
 # may queue for minutes behind the others without anything being wrong.
 RL_REQUEST_TIMEOUT_S = 600.0
+# The data build's question generator (datagen), completion tokens per call unless told:
+# one question's JSON (a stem, its choices, the answer) needs far fewer than a run's
+# DEFAULT_MAX_TOKENS; lower on purpose, so a rambling generator costs less. `sandflow data
+# build --max-tokens` (and the data-build deployment's max_tokens) bounds its calibration
+# run's calls too; `sandflow data calibrate` alone takes the settings' max_tokens.
+SYNTH_MAX_TOKENS = 1024

@@ -18,7 +18,12 @@ from typing import Any
 import typer
 
 from sandflow.errors import EXIT_FAILED, EXIT_USAGE, console, err_console, fail
-from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
+from tasks.defaults import (
+    DEFAULT_MAX_STEPS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_WALL_CLOCK_S,
+    SYNTH_MAX_TOKENS,
+)
 
 data_app = typer.Typer(
     name="data",
@@ -272,8 +277,8 @@ def cmd_synth(
     structured: str = typer.Option("auto", "--structured", help="auto (json_schema; none for the embedded model) | json_schema (OpenAI, vLLM, llama.cpp) | json_object (llama-cpp-python) | guided_json (vLLM) | none."),
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Generator calls at once."),
     template: str = typer.Option(None, "--template", help="A prompt template file (default: datagen/templates/questions.v1.yaml)."),
-    temperature: float = typer.Option(0.7, "--temperature"),
-    max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
+    temperature: float = typer.Option(DEFAULT_TEMPERATURE, "--temperature"),
+    max_tokens: int = typer.Option(SYNTH_MAX_TOKENS, "--max-tokens", min=16),
     domain: str = typer.Option("instruct_pretrain", "--domain", help=_DOMAIN_HELP),
     build_id: str = _BUILD_ID,
     verbose: bool = _VERBOSE,
@@ -374,7 +379,7 @@ def cmd_build(
     calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate", help="Run the base policy (needs the sandbox)."),
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Generator calls and episodes at once."),
     max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1),
-    max_tokens: int = typer.Option(1024, "--max-tokens", min=16),
+    max_tokens: int = typer.Option(SYNTH_MAX_TOKENS, "--max-tokens", min=16),
     domain: str = typer.Option("instruct_pretrain", "--domain", help=_DOMAIN_HELP),
     build_id: str = _BUILD_ID,
     prices: str = typer.Option(

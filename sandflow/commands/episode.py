@@ -17,9 +17,16 @@ from typing import Any
 import typer
 
 from sandbox.backends import backend_names
+from sandbox.base import DEFAULT_BACKEND
 from sandflow.commands.network_option import network_option
 from sandflow.errors import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_USAGE, fail
-from tasks.defaults import DEFAULT_MAX_STEPS, DEFAULT_WALL_CLOCK_S
+from tasks.defaults import (
+    DEFAULT_MAX_STEPS,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_WALL_CLOCK_S,
+)
 from tasks.replies import read_arguments
 
 
@@ -143,13 +150,13 @@ def run(
     mode: ModeChoice = typer.Option(ModeChoice.sandbox, "--mode", help="sandbox: tools in a sandbox; llm: one plain call (the baseline)."),
     domain: str = typer.Option("general", "--domain", help="Prompt set: general, math, physics, chem, biomed, long_context, instruct_follow."),
     max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1, help="Turns before the episode ends with max_steps."),
-    temperature: float | None = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (default 0.7)."),
-    max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help="Completion tokens per call (default 2048)."),
+    temperature: float | None = typer.Option(None, "--temperature", min=0.0, help=f"Sampling temperature (default {DEFAULT_TEMPERATURE:g})."),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", min=1, help=f"Completion tokens per call (default {DEFAULT_MAX_TOKENS})."),
     context_tokens: int | None = typer.Option(None, "--context-tokens", min=256, help="Token budget of one request (prompt + completion)."),
     wall_clock: float = typer.Option(DEFAULT_WALL_CLOCK_S, "--wall-clock", min=1.0, help="Seconds for the whole episode."),
     exec_timeout: float | None = typer.Option(None, "--exec-timeout", min=1.0, help="Seconds per shell command (default: the sandbox's 120)."),
-    request_timeout: float | None = typer.Option(None, "--request-timeout", min=1.0, help="Seconds per model request (default 120)."),
-    backend: BackendChoice | None = typer.Option(None, "--backend", help="Sandbox backend (default docker)."),
+    request_timeout: float | None = typer.Option(None, "--request-timeout", min=1.0, help=f"Seconds per model request (default {DEFAULT_REQUEST_TIMEOUT_S:g})."),
+    backend: BackendChoice | None = typer.Option(None, "--backend", help=f"Sandbox backend (default {DEFAULT_BACKEND})."),
     network: str | None = network_option(),
     image: str | None = typer.Option(None, "--image", help="Sandbox image tag (default: the sandflow image)."),
     logprobs: bool = typer.Option(False, "--logprobs", help="Request logprobs (and token ids from vLLM)."),
