@@ -237,6 +237,14 @@ class RunSpec(_Part):
         """This spec with `changes` (flat names or parts; None is a value here), checked."""
         return RunSpec.model_validate({**self.model_dump(), **changes})
 
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> RunSpec:
+        """pydantic's copy, refusing a name that is not a field (a flat name would be set
+        beside its part and read by nobody): `replace()` takes flat names."""
+        unknown = sorted(set(update or ()) - set(type(self).model_fields))
+        if unknown:
+            raise TypeError(f"RunSpec.model_copy: {', '.join(unknown)} not a field of the spec; use .replace()")
+        return super().model_copy(update=update, deep=deep)
+
     def to_model_config(self, *, with_key: bool = True) -> ModelConfig:
         """The agent loop's ModelConfig; the API key from this process's environment."""
         return model_config_of(self.endpoint, self.sampling, api_key_from_env() if with_key else None)

@@ -186,8 +186,8 @@ def test_a_worker_process_checks_the_warehouse_before_an_episode(tmp_path: Path,
     assert len(priced_model.requests) == 1
     (second,) = [ep for ep in plan(tasks, rid, "llm", 1) if ep.task.id == tasks[1].id]
     with pytest.raises(EpisodeCancelled, match=r"--max-cost 0.2 USD\) is spent: 0.2250 USD"):
-        attempt(second, spec.model_copy(update={"max_cost_usd": 0.2}))
+        attempt(second, spec.replace(max_cost_usd=0.2))
     assert len(priced_model.requests) == 1
     # the same worker process, the run resumed with a higher budget: the episode runs
-    out = attempt(second, spec.model_copy(update={"max_cost_usd": 1.0}))
+    out = attempt(second, spec.replace(max_cost_usd=1.0))
     assert out["termination"] == "submitted" and len(priced_model.requests) == 2

@@ -110,6 +110,10 @@ def test_replace_checks_the_change_and_none_is_a_value_there() -> None:
     assert spec.budget.max_cost_usd == 2.0  # the original is untouched
     with pytest.raises(ValidationError, match="max_steps"):
         spec.replace(max_steps=0)
+    # pydantic's model_copy would set a flat name beside its part, read by nobody: refused
+    with pytest.raises(TypeError, match=r"max_cost_usd not a field of the spec; use \.replace\(\)"):
+        spec.model_copy(update={"max_cost_usd": 1.0})
+    assert spec.model_copy(update={"run_id": "r"}).run_id == "r"
 
 
 def test_every_default_of_a_run_has_one_home() -> None:
