@@ -83,7 +83,7 @@ def test_calibration_gets_what_synthesis_left() -> None:
 
     spec = RunSpec(model="scripted", max_cost_usd=1.0, max_run_tokens=100_000, prices=PRICES)
     left = _calibration_budget(spec, {"budget": {"spent_tokens": 15 * 1200, "spent_usd": 15 * 0.0045}})
-    assert left.max_cost_usd == pytest.approx(1.0 - 0.0675) and left.max_run_tokens == 100_000 - 18_000
+    assert left.budget.max_cost_usd == pytest.approx(1.0 - 0.0675) and left.budget.max_run_tokens == 100_000 - 18_000
     assert _calibration_budget(spec, {}) is spec  # no budget report: the spec's own
     with pytest.raises(BudgetExhausted, match="before calibration"):
         _calibration_budget(spec, {"budget": {"spent_tokens": 100_000, "spent_usd": 0.5}})
