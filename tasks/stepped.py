@@ -181,8 +181,6 @@ class SteppedEpisode:
             self._ep.end(End(reason, error or "the trainer ended the episode"), self._sandbox)
         if self._sandbox is not None and self._started:
             self._ep.collect(self._sandbox, self._output_dir)
-        if self._loop is not None:
-            self._loop.close()
         self._ep.finish(self._owned)
         return self.record
 
