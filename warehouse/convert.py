@@ -10,8 +10,9 @@ except what the writer itself gives (write_id, written_at, prompt ids stored as 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -21,7 +22,8 @@ from warehouse import fields
 from warehouse.fields import dumps as dumps
 from warehouse.fields import ts_array as ts_array
 from warehouse.fields import utc as utc
-from warehouse.schema import META_PROMPT_DELTAS, schema_for
+from warehouse.layout import Layout, new_id, write_parquet_atomic
+from warehouse.schema import META_PROMPT_DELTAS, check_run_id, schema_for
 
 
 def now_utc() -> datetime:
@@ -135,3 +137,33 @@ def episode_record(r: dict[str, Any]) -> EpisodeRecord:
 def turn_record(r: dict[str, Any]) -> TurnRecord:
     """A row of the `turns` view -> the TurnRecord it stores."""
     return TurnRecord(**fields.record_kwargs(fields.TURN_COLUMNS, r))
+
+
+def write_batch(
+    layout: Layout,
+    table: str,
+    run_id: str,
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    stamp: Mapping[str, Any] | None = None,
+    prepare: Callable[[int, Mapping[str, Any]], Mapping[str, Any]] | None = None,
+    also: Iterable[Mapping[str, Any]] = (),
+) -> Path:
+    """Store `rows` as one new batch file of `table` in `run_id`'s partition (atomically).
+
+    Every row gets the batch's stamp: run_id, `stamp`'s columns, a new batch_id and
+    recorded_at (now); a row naming a stamped column, or one the table does not have, is
+    refused, naming the row. `prepare(i, row)` checks a row (ValueError naming it) and
+    returns what is stored; `also`: rows of the writer's own (a marker), stamped as is."""
+    check_run_id(run_id)
+    batch_id = new_id()
+    stamped = {"run_id": run_id, **(stamp or {}), "batch_id": batch_id, "recorded_at": now_utc()}
+    allowed = frozenset(schema_for(table).names) - set(stamped)
+    out = []
+    for i, row in enumerate(rows):
+        extra = set(row) - allowed
+        if extra:
+            raise ValueError(f"{table} row {i}: unknown field(s) {sorted(extra)}")
+        out.append({**(prepare(i, row) if prepare is not None else row), **stamped})
+    out += [{**row, **stamped} for row in also]
+    return write_parquet_atomic(rows_table(table, out), layout.batch_file(table, run_id, batch_id))

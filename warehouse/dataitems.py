@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from datasets_prep.secrets import scrub
-from warehouse.convert import now_utc, rows_table
-from warehouse.layout import Layout, new_id, write_parquet_atomic
-from warehouse.schema import DATA_ITEMS, check_run_id
+from warehouse.convert import write_batch
+from warehouse.layout import Layout
+from warehouse.schema import check_run_id
 
 STAGES = ("ingest", "synth", "clean", "calibrate", "export")
 MARKER = ""  # the item_id of a batch's marker row (warehouse/data_views.py leaves it out)
-_FIELDS = frozenset(DATA_ITEMS.names) - {"run_id", "stage", "stage_order", "stage_key", "batch_id", "recorded_at"}
 
 
 OWNER = "_output.json"  # in a build's data_items partition: the folder the build id belongs to
@@ -69,22 +68,18 @@ def write_data_items(
     check_run_id(build_id)
     if stage not in STAGES:
         raise ValueError(f"data stage {stage!r}: use one of {', '.join(STAGES)}")
-    batch_id = new_id()
-    ts = now_utc()
-    rows = []
-    for i, item in enumerate(items):
-        extra = set(item) - _FIELDS
-        if extra:
-            raise ValueError(f"data_items row {i}: unknown field(s) {sorted(extra)}")
+
+    def prepare(i: int, item: Mapping[str, Any]) -> Mapping[str, Any]:
         if not item.get("item_id"):
             raise ValueError(f"data_items row {i}: item_id is empty")
-        row = dict(item)
-        if row.get("detail"):
-            row["detail"] = scrub(str(row["detail"]))
-        row.update(run_id=build_id, stage=stage, stage_order=STAGES.index(stage),
-                   stage_key=stage_key, batch_id=batch_id, recorded_at=ts)
-        rows.append(row)
-    rows.append({"item_id": MARKER, "kept": True, "detail": "stage marker", "run_id": build_id,
-                 "stage": stage, "stage_order": STAGES.index(stage), "stage_key": stage_key,
-                 "batch_id": batch_id, "recorded_at": ts})
-    return write_parquet_atomic(rows_table("data_items", rows), layout.batch_file("data_items", build_id, batch_id))
+        return {**item, "detail": scrub(str(item["detail"]))} if item.get("detail") else item
+
+    return write_batch(
+        layout,
+        "data_items",
+        build_id,
+        items,
+        stamp={"stage": stage, "stage_order": STAGES.index(stage), "stage_key": stage_key},
+        prepare=prepare,
+        also=[{"item_id": MARKER, "kept": True, "detail": "stage marker"}],
+    )

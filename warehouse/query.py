@@ -322,26 +322,17 @@ class WarehouseQuery(ClosedOnExit):
         listed file meanwhile, or a re-record renamed a new one over it, list again (the
         new listing no longer names it / names the new version).
         """
-        for attempt in range(5):
-            try:
-                return self._build()
-            except FilesVanished:
-                time.sleep(0.01 * attempt)  # let a burst of writes pass
-                continue
-            except duckdb.Error as exc:
-                if isinstance(exc, duckdb.IOException) and _vanished(exc) and attempt < 4:
-                    continue
-                # what this build read: digests first (one of them may be the bad one),
-                # then the files read themselves, not the thousands a digest serves
-                read = list(self._digest_sources) + self._read_files
-                if attempt < 4 and self.leave_out_corrupt(exc, read):
-                    continue  # validate_files now leaves the corrupt file(s) out
-                raise WarehouseQueryError(
-                    f"reading the warehouse failed: {_first_line(exc)}"
-                ) from None
-        raise WarehouseQueryError(
-            f"{self.layout.root}: files kept changing while the views were built "
-            "(a compaction or re-record loop?); try again"
+        return reread_changed(
+            self._build,
+            attempts=5,
+            renew=lambda: None,  # a build lists the files afresh
+            # what this build read: digests first (one of them may be the bad one), then
+            # the files read themselves, not the thousands a digest serves
+            leave_out=lambda exc: self.leave_out_corrupt(
+                exc, list(self._digest_sources) + self._read_files
+            ),
+            gave_up=f"{self.layout.root}: files kept changing while the views were built "
+            "(a compaction or re-record loop?); try again",
         )
 
     def _build(self) -> Snapshot:
@@ -672,25 +663,13 @@ class WarehouseQuery(ClosedOnExit):
         """Run `run`; if a file vanished under a concurrent compaction, or a file's data
         pages turn out to be corrupt (left out from now on), re-list and retry."""
         self._admit(query)
-        for attempt in range(4):
-            try:
-                return run()
-            except duckdb.IOException as exc:
-                if attempt < 3 and _vanished(exc):
-                    self.refresh()
-                    continue
-                if attempt < 3 and self.leave_out_corrupt(exc):
-                    self.refresh()
-                    continue
-                raise WarehouseQueryError(
-                    f"reading the warehouse failed: {_first_line(exc)}"
-                ) from None
-            except duckdb.Error as exc:
-                if attempt < 3 and self.leave_out_corrupt(exc):
-                    self.refresh()
-                    continue
-                raise WarehouseQueryError(self._explain(query, exc)) from None
-        raise AssertionError("unreachable")
+        return reread_changed(
+            run,
+            attempts=4,
+            renew=self.refresh,
+            leave_out=self.leave_out_corrupt,
+            other=lambda exc: WarehouseQueryError(self._explain(query, exc)),
+        )
 
     def leave_out_corrupt(self, exc: BaseException, files: list[Path] | None = None) -> bool:
         """After a DuckDB error that may come from a file's bytes: find the file(s) whose
@@ -742,7 +721,7 @@ class WarehouseQuery(ClosedOnExit):
         return out
 
     def _explain(self, query: str, exc: BaseException) -> str:
-        msg = _first_line(exc)
+        msg = first_line(exc)
         hint = ""
         m = re.search(r"Table with name (\w+) does not exist", str(exc))
         if m:
@@ -764,12 +743,53 @@ def _empty(table: str) -> pa.Table:
     return pa.Table.from_batches([], schema=schema_for(table))
 
 
+def reread_changed(
+    run: Callable[[], T],
+    *,
+    attempts: int,
+    renew: Callable[[], object],
+    leave_out: Callable[[duckdb.Error], bool],
+    other: Callable[[duckdb.Error], BaseException] | None = None,
+    gave_up: str = "the warehouse's files kept changing while they were read; try again",
+) -> T:
+    """`run()`, which reads the warehouse's files; when one changed while it was read,
+    `renew()` (a new snapshot) and run again, `attempts` times at most. The one home of
+    "a file changed while read: refresh and retry" (the views' build, queries, the viewer).
+
+    A file changed while read: it vanished (a compaction merged it away, a re-record
+    renamed a new version over it: FilesVanished, or DuckDB's "No such file"), or its
+    data pages turn out not to decode (`leave_out(exc)` marks it bad, True, so the next
+    listing leaves it out). Any other DuckDB error is raised at once: an IOException
+    as WarehouseQueryError("reading the warehouse failed: ..."), the rest as `other(exc)`
+    (default: the same sentence). Files still changing on the last attempt: `gave_up`.
+    """
+    for attempt in range(attempts):
+        again = attempt < attempts - 1
+        try:
+            return run()
+        except FilesVanished:
+            if not again:
+                break
+            time.sleep(0.01 * attempt)  # let a burst of writes pass
+        except duckdb.Error as exc:
+            io = isinstance(exc, duckdb.IOException)
+            if not (again and ((io and _vanished(exc)) or leave_out(exc))):
+                if io or other is None:
+                    raise WarehouseQueryError(
+                        f"reading the warehouse failed: {first_line(exc)}"
+                    ) from None
+                raise other(exc) from None
+        renew()
+    raise WarehouseQueryError(gave_up)
+
+
 def _vanished(exc: BaseException) -> bool:
     text = str(exc)
     return "No such file" in text or "No files found" in text or "does not exist" in text
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An error's message in one line: its first three non-empty lines, 500 characters."""
     text = str(exc).strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return " ".join(lines[:3])[:500] if lines else type(exc).__name__

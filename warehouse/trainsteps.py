@@ -13,23 +13,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from warehouse.convert import now_utc, rows_table
-from warehouse.layout import Layout, new_id, write_parquet_atomic
-from warehouse.schema import TRAIN_STEPS, check_run_id
-
-_FIELDS = frozenset(TRAIN_STEPS.names) - {"run_id", "batch_id", "recorded_at"}
+from warehouse.convert import write_batch
+from warehouse.layout import Layout
 
 
 def write_train_steps(layout: Layout, run_id: str, rows: Iterable[Mapping[str, Any]]) -> Path:
-    check_run_id(run_id)
-    batch_id = new_id()
-    ts = now_utc()
-    out = []
-    for i, row in enumerate(rows):
-        extra = set(row) - _FIELDS
-        if extra:
-            raise ValueError(f"train_steps row {i}: unknown field(s) {sorted(extra)}")
+    def prepare(i: int, row: Mapping[str, Any]) -> Mapping[str, Any]:
         if not row.get("training_run") or row.get("step") is None:
             raise ValueError(f"train_steps row {i}: training_run and step are required")
-        out.append({**row, "run_id": run_id, "batch_id": batch_id, "recorded_at": ts})
-    return write_parquet_atomic(rows_table("train_steps", out), layout.batch_file("train_steps", run_id, batch_id))
+        return row
+
+    return write_batch(layout, "train_steps", run_id, rows, prepare=prepare)

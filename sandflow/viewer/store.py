@@ -37,7 +37,13 @@ import duckdb
 
 from datasets_prep import secrets as wsecrets
 from sandflow.viewer.readonly import check_read_only, lock_down
-from warehouse.query import WarehouseQuery, WarehouseQueryError, projected_source
+from warehouse.query import (
+    WarehouseQuery,
+    WarehouseQueryError,
+    first_line,
+    projected_source,
+    reread_changed,
+)
 from warehouse.schema import TABLES
 
 log = logging.getLogger(__name__)
@@ -267,24 +273,13 @@ class LiveWarehouse:
         again on a rebuilt snapshot, instead of failing the page. `sql` may be a function
         that builds the query from the current snapshot (one naming a file directly is
         built again after that file was left out)."""
-        for attempt in range(3):
-            try:
-                return self._fetch(sql() if callable(sql) else sql, params, limit, timeout_s)
-            except duckdb.InterruptException:
-                raise
-            except duckdb.Error as exc:
-                if attempt < 2 and isinstance(exc, duckdb.IOException) and _vanished(exc):
-                    self.refresh_now()  # a compaction removed a file this snapshot listed
-                    continue
-                if attempt < 2 and self._leave_out_corrupt(exc):
-                    self.refresh_now()  # the rebuilt snapshot leaves the bad file out
-                    continue
-                if isinstance(exc, duckdb.IOException):
-                    raise WarehouseQueryError(
-                        f"reading the warehouse failed: {_first_line(exc)}"
-                    ) from None
-                raise
-        raise AssertionError("unreachable")
+        return reread_changed(
+            lambda: self._fetch(sql() if callable(sql) else sql, params, limit, timeout_s),
+            attempts=3,
+            renew=self.refresh_now,  # the rebuilt snapshot lists the files as they are now
+            leave_out=self._leave_out_corrupt,
+            other=lambda exc: exc,  # the SQL's own error (user_sql words it), a timeout
+        )
 
     def _leave_out_corrupt(self, exc: duckdb.Error) -> bool:
         """Find the file(s) behind `exc` whose pages do not decode (validate's cache marks
@@ -305,7 +300,7 @@ class LiveWarehouse:
             ) from None
         except duckdb.Error as exc:
             raise WarehouseQueryError(
-                f"SQL error ({type(exc).__name__}): {_first_line(exc)}"
+                f"SQL error ({type(exc).__name__}): {first_line(exc)}"
             ) from None
 
     def _fetch(
@@ -379,13 +374,3 @@ def _unique(names: list[str]) -> list[str]:
         seen[n] = k
         out.append(n if k == 1 else f"{n}_{k}")
     return out
-
-
-def _vanished(exc: BaseException) -> bool:
-    text = str(exc)
-    return "No such file" in text or "No files found" in text or "does not exist" in text
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    return " ".join(lines[:3])[:500] if lines else type(exc).__name__

@@ -252,3 +252,76 @@ def test_the_egress_views_cache_hit_agrees_with_the_records(tmp_path: Path) -> N
     assert [c for c in codes if in_python[c]] == [
         "TCP_HIT", "TCP_MEM_HIT", "TCP_CF_MISS", "TCP_CF_HIT", "TCP_REFRESH_UNMODIFIED"
     ]
+
+
+def test_a_file_changed_while_read_is_read_again_from_a_fresh_listing(tmp_path: Path) -> None:
+    """warehouse.query.reread_changed, the one home of "refresh and retry" (the views'
+    build, `sandflow sql`, the viewer): real DuckDB errors, real files."""
+    import duckdb
+
+    from warehouse.query import reread_changed
+    from warehouse.validate import FilesVanished
+
+    con = duckdb.connect()
+    listed = [tmp_path / "a.parquet"]
+    pq.write_table(pa.table({"x": [1]}), listed[0])
+    listed[0].unlink()  # a compaction merged it away after the snapshot listed it
+    renewed: list[Path] = []
+
+    def renew() -> None:  # the next listing names the merged file
+        merged = tmp_path / f"merged-{len(renewed)}.parquet"
+        pq.write_table(pa.table({"x": [1, 2]}), merged)
+        listed[0] = merged
+        renewed.append(merged)
+
+    def count() -> int:
+        return con.execute(f"SELECT count(*) FROM read_parquet('{listed[0]}')").fetchone()[0]
+
+    never_bad = lambda exc: False  # noqa: E731
+    assert reread_changed(count, attempts=3, renew=renew, leave_out=never_bad) == 2
+    assert len(renewed) == 1
+
+    # still vanishing on the last attempt: one sentence naming what failed, not a traceback
+    gone = tmp_path / "gone.parquet"
+    with pytest.raises(WarehouseQueryError, match="reading the warehouse failed: .*gone.parquet"):
+        reread_changed(
+            lambda: con.execute(f"SELECT * FROM read_parquet('{gone}')").fetchall(),
+            attempts=2, renew=lambda: None, leave_out=never_bad,
+        )  # fmt: skip
+
+    # the SQL's own error is not a changed file: raised at once, as the caller words it
+    calls: list[int] = []
+    with pytest.raises(WarehouseQueryError, match="^bad SQL: .*nosuch"):
+        reread_changed(
+            lambda: calls.append(1) or con.execute("SELECT nosuch FROM range(1)").fetchall(),
+            attempts=3, renew=lambda: calls.append(0), leave_out=never_bad,
+            other=lambda exc: WarehouseQueryError(f"bad SQL: {exc}"),
+        )  # fmt: skip
+    assert calls == [1]
+
+    # a file found corrupt is left out (leave_out: True) and the query runs on the renewal
+    left_out: list[str] = []
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1" + b"\x00" * 64 + b"PAR1")
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"x": [7]}), good)
+    source = [bad]
+
+    def leave_out(exc: duckdb.Error) -> bool:
+        left_out.append(type(exc).__name__)
+        source[0] = good
+        return True
+
+    read = lambda: con.execute(f"SELECT x FROM read_parquet('{source[0]}')").fetchall()  # noqa: E731
+    assert reread_changed(read, attempts=2, renew=lambda: None, leave_out=leave_out) == [(7,)]
+    assert len(left_out) == 1
+
+    # files that keep changing (FilesVanished from a build) end in the caller's sentence
+    def build() -> None:
+        raise FilesVanished("turns: t1.parquet")
+
+    with pytest.raises(WarehouseQueryError, match="kept changing"):
+        reread_changed(
+            build, attempts=3, renew=lambda: None, leave_out=never_bad,
+            gave_up="files kept changing while the views were built",
+        )  # fmt: skip
