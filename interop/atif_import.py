@@ -213,6 +213,8 @@ class _Counted:
         self.step = 0
 
     def read(self, n: int = -1) -> bytes:
+        if n == 0:  # ijson's probe for bytes or text: nothing may be consumed
+            return b""
         data = os.read(self.fd, n if n > 0 else _CHUNK)
         self.pos += len(data)
         if self.pos > MAX_TRAJECTORY_BYTES:
