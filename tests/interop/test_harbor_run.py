@@ -198,3 +198,36 @@ def test_an_oracle_run_without_trajectories_is_imported_with_its_answers(
     assert {e.task_id: (e.answer, e.model, data.scores[e.episode_id].score) for e in data.episodes} == {
         f"t{i}": ("42", "oracle", 1.0) for i in range(3)
     }
+
+
+def test_sandflows_own_atif_export_reads_back_in_a_trial(scripted_job: HarborJob, real_run: RealRun, tmp_path: Path) -> None:
+    """A trial whose trajectory is sandflow's own ATIF export of the same task's episode:
+    the turns come back as they were recorded, the call whose arguments were not JSON
+    with its raw text (the export keeps it in the call's `extra`)."""
+    from warehouse import Warehouse
+
+    data = Warehouse(real_run.warehouse).load_run(real_run.run_id)
+    ep = next(e for e in data.episodes if e.task_id == "t0" and e.mode == "sandbox")
+    assert run_cli("export", "atif", real_run.run_id, "--episode", ep.episode_id, "--out", str(tmp_path / "atif"),
+                   "-w", str(real_run.warehouse)).exit_code == 0  # fmt: skip
+    trial = next(p for p in _copy_trial_all(scripted_job, tmp_path) if json.loads((p / "result.json").read_text())["task_name"] == "sandflow/t0")
+    shutil.copy(tmp_path / "atif" / f"{ep.episode_id}.json", trial / "agent" / "trajectory.json")
+    res = run_cli("import", "harbor", str(trial), "--tasks", str(real_run.task_set), "--run-id", "rt", "-w", str(tmp_path / "wh"))
+    assert res.exit_code == 0, res.output
+    back = Warehouse(tmp_path / "wh").load_run("rt")
+    got = back.turns_of(back.episodes[0].episode_id)
+    want = data.turns_of(ep.episode_id)
+    assert [[(c.name, c.arguments) for c in t.tool_calls] for t in got] == [[(c.name, c.arguments) for c in t.tool_calls] for t in want]
+    assert [[o.content for o in t.observations] for t in got] == [[o.content for o in t.observations] for t in want]
+    assert [t.assistant_content or "" for t in got] == [t.assistant_content or "" for t in want]
+    assert [t.usage.prompt_tokens for t in got] == [t.usage.prompt_tokens for t in want]
+    assert [t.completion_token_ids for t in got] == [t.completion_token_ids for t in want]
+    assert back.episodes[0].prompt_messages == [{"role": m["role"], "content": m["content"]} for m in ep.prompt_messages]
+
+
+def _copy_trial_all(job: HarborJob, tmp: Path) -> list[Path]:
+    out = []
+    for src in sorted(p for p in job.job.iterdir() if (p / "result.json").is_file()):
+        shutil.copytree(src, tmp / "job" / src.name, symlinks=True)
+        out.append(tmp / "job" / src.name)
+    return out
