@@ -3,7 +3,8 @@
 One Harbor task directory per task (harbor 0.26's layout, `harbor.models.task.Task`):
 
     DIR/<task>/instruction.md           sandflow's prompt: the system message, then the task
-    DIR/<task>/task.toml                schema 1.4: name, timeouts, resources, no network;
+    DIR/<task>/task.toml                schema 1.4: name, timeouts, resources, no network
+                                        (or `public`: `network`);
                                         [metadata.sandflow]: task id, domain, qa_type, verifier,
                                         task set name and hash, the task's content hash
     DIR/<task>/environment/Dockerfile   FROM sandflow's one image (a local image: no registry),
@@ -56,7 +57,10 @@ def _toml_str(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)  # a TOML basic string is JSON's string syntax
 
 
-def _task_toml(task: Task, ts: TaskSet, name: str, verifier: str, limits: dict[str, Any]) -> str:
+NETWORK_MODES = ("no-network", "public")
+
+
+def _task_toml(task: Task, ts: TaskSet, name: str, verifier: str, limits: dict[str, Any], network: str) -> str:
     meta = {
         "task_id": task.id,
         "domain": task.domain,
@@ -87,7 +91,7 @@ def _task_toml(task: Task, ts: TaskSet, name: str, verifier: str, limits: dict[s
         "build_timeout_sec = 600.0",
         f"cpus = {limits.get('cpus', 1)}",
         f"memory_mb = {int(limits.get('memory_mb', 2048))}",
-        'network_mode = "no-network"',
+        f'network_mode = "{network}"',
         'workdir = "/testbed"',
         "",
     ]
@@ -111,11 +115,15 @@ def _write_inputs(env_dir: Path, task: Task) -> int:
 
 
 def export_harbor(
-    ts: TaskSet, out: Path | str, *, image: str, limits: dict[str, Any] | None = None
+    ts: TaskSet, out: Path | str, *, image: str, limits: dict[str, Any] | None = None, network: str = "no-network"
 ) -> Summary:
     """Write `ts` as Harbor task directories under `out` (see the module doc). Every task
     is checked first (a task its verifier cannot score is a VerifierError naming it), so
-    nothing is written for a task set that cannot reward."""
+    nothing is written for a task set that cannot reward. `network`: the tasks'
+    network_mode, `no-network` (sandflow's default; Harbor's docker environment enforces
+    it with its egress-control sidecar, built from images on Docker Hub) or `public`."""
+    if network not in NETWORK_MODES:
+        raise ValueError(f"network {network!r} is not one of {', '.join(NETWORK_MODES)}")
     from analysis.rollouts import sandbox_prompt
     from datasets_prep.task import check_scorable
 
@@ -131,7 +139,7 @@ def export_harbor(
         messages = sandbox_prompt(task)
         instruction = "\n\n".join(str(m["content"]) for m in messages if m.get("content"))
         write_text(tdir, "instruction.md", instruction.rstrip() + "\n")
-        write_text(tdir, "task.toml", _task_toml(task, ts, name, verifier, limits))
+        write_text(tdir, "task.toml", _task_toml(task, ts, name, verifier, limits, network))
         n_inputs = _write_inputs(tdir / "environment", task)
         dockerfile = [f"FROM {image}", "RUN mkdir -p /testbed/documents /testbed/output"]
         if n_inputs:

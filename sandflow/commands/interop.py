@@ -1,4 +1,4 @@
-"""`sandflow export atif|inspect|hf` and `sandflow import llm-in-sandbox`: sandflow with the
+"""`sandflow export atif|inspect|hf|harbor` and `sandflow import llm-in-sandbox|harbor`: sandflow with the
 tools people already have (interop/; docs/interop.md). Thin: parse, call the library,
 print its one-line summary (what was written, what could not be carried over).
 
@@ -63,7 +63,7 @@ export_app = typer.Typer(
 )
 import_app = typer.Typer(
     name="import",
-    help="Bring other tools' output into the warehouse: llm-in-sandbox output folders.",
+    help="Bring other tools' output into the warehouse: llm-in-sandbox output folders, Harbor trials.",
     no_args_is_help=True,
 )
 
@@ -99,13 +99,17 @@ def export_harbor_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of a built-in suite."),
     size: int | None = typer.Option(None, "--size", min=1, help="Tasks of a built-in suite."),
     image: str | None = typer.Option(None, "--image", help="Base image (default: sandflow's sandbox image, SANDFLOW_IMAGE)."),
+    network: str = typer.Option(
+        "no-network", "--network", help="The tasks' network_mode: no-network (Harbor's docker environment enforces it with an egress sidecar pulled from Docker Hub) or public."
+    ),
 ) -> None:
     """One Harbor task directory per task (instruction.md, task.toml, environment/ on
     sandflow's image, tests/, solution/), loadable by harbor's own task loader.
 
     [bold]Example[/]
       sandflow export harbor math --size 20 --out harbor-math/
-      harbor run -p harbor-math/ -a oracle          # needs docker compose
+      sandflow export harbor math.parquet --network public --out suite/
+      harbor run -p suite/ -a oracle                # docker compose v2+ (docs/interop.md)
     """
     from datasets_prep.prepare import load_taskset
     from datasets_prep.verifiers import VerifierError
@@ -117,7 +121,7 @@ def export_harbor_cmd(
     with _bad_input():
         try:
             ts = load_taskset(taskset, seed=seed, size=size)
-            summary = export_harbor(ts, out, image=settings.image or DEFAULT_SPEC.tag)
+            summary = export_harbor(ts, out, image=settings.image or DEFAULT_SPEC.tag, network=network)
         except VerifierError as exc:
             raise ValueError(str(exc)) from None
     _report(summary)
@@ -219,6 +223,47 @@ def import_peer_cmd(
     console().print(
         f"run {x['run_id']}: {x['scored']} scored by sandflow's verifiers "
         f"({x['agree_with_peer']} agree with the peer's reward, {x['disagree_with_peer']} differ)",
+        soft_wrap=True,
+        markup=False,
+    )
+    for p in x.get("scoring_problems") or []:
+        err_console().print(f"[yellow]warning:[/] {p}", soft_wrap=True, markup=False)
+
+
+@import_app.command("harbor")
+def import_harbor_cmd(
+    folder: Path = typer.Argument(..., help="A Harbor job folder (what `harbor run --jobs-dir` writes per job), or one trial folder."),
+    tasks: str = typer.Option(
+        ..., "--tasks", help="The sandflow task set that `sandflow export harbor` wrote (its verifiers score; `compare` pairs by it)."
+    ),
+    run_id: str | None = typer.Option(None, "--run-id", "-r", help="Run id (default: harbor-<folder name>)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of a built-in suite (as given to the export)."),
+    size: int | None = typer.Option(None, "--size", min=1, help="Tasks of a built-in suite (as given to the export)."),
+    warehouse: Path | None = _WH,
+) -> None:
+    """Record Harbor trials (result.json, the agent's ATIF trajectory, the verifier's
+    reward and the kept answer) as a run, scored by sandflow's verifiers; then
+    `sandflow compare HARBOR_RUN SANDFLOW_RUN` pairs them task by task.
+
+    [bold]Example[/]
+      sandflow export harbor math.parquet --out suite/
+      harbor run -p suite/ -a oracle -o jobs/ --job-name oracle
+      sandflow import harbor jobs/oracle --tasks math.parquet --run-id harbor-oracle
+    """
+    from datasets_prep.prepare import load_taskset
+    from interop.atif_import import import_harbor
+
+    try:
+        ts = load_taskset(tasks, seed=seed, size=size)
+    except Exception as exc:  # the loader's errors name the file/row; one sentence
+        raise fail(f"--tasks {tasks}: {exc}", EXIT_USAGE) from None
+    with _bad_input():
+        summary = import_harbor(_root(warehouse), folder, tasks=ts, run_id=run_id)
+    _report(summary)
+    x = summary.extra
+    console().print(
+        f"run {x['run_id']}: {x['scored']} scored by sandflow's verifiers "
+        f"({x['agree_with_peer']} agree with Harbor's reward, {x['disagree_with_peer']} differ)",
         soft_wrap=True,
         markup=False,
     )

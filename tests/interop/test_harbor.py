@@ -95,3 +95,16 @@ def test_export_refuses_a_task_set_without_ground_truth(tmp_path: Path) -> None:
     assert r.exit_code == 2
     assert "task 'no-truth' has no ground truth" in r.output
     assert not (tmp_path / "suite").exists()  # nothing written
+
+
+def test_export_network_mode_is_chosen_and_checked(tmp_path: Path) -> None:
+    """`--network public` for Harbor's docker environment offline (its no-network sidecar
+    comes from Docker Hub: docs/interop.md); anything else is one sentence, exit 2."""
+    source = write_tasks(tmp_path / "tiny.parquet", tasks(1))
+    r = run_cli("export", "harbor", str(source), "--network", "public", "--out", str(tmp_path / "pub"))
+    assert r.exit_code == 0, r.output
+    assert 'network_mode = "public"' in (tmp_path / "pub" / "t0" / "task.toml").read_text()
+    r = run_cli("export", "harbor", str(source), "--network", "bridge", "--out", str(tmp_path / "bad"))
+    assert r.exit_code == 2
+    assert "network 'bridge' is not one of no-network, public" in r.output
+    assert not (tmp_path / "bad").exists()
