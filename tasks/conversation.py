@@ -2,7 +2,7 @@
 
 THE rule every reader of a trajectory uses (the replay's prefix, the RL and SFT rows,
 the ATIF, Inspect and Hugging Face exports: analysis/trajectory.py reads it for the
-rows, docs/rl.md "Trajectories"). It lives here, beside the loop, because the replay
+rows, docs/rl.md "The trajectory contract"). It lives here, beside the loop, because the replay
 (tasks/replay.py) rebuilds the loop's history with it and is below analysis/.
 
 One turn (one model call) becomes, in this order (`turn_parts`):
