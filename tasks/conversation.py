@@ -42,7 +42,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from tasks.records import EpisodeRecord, Observation, TurnRecord
-from tasks.tools import TOOL_SCHEMAS
+from tasks.replies import ModelReply
+from tasks.tool_schemas import TOOL_SCHEMAS
 
 Part = Literal["assistant", "tool", "appended"]
 
@@ -65,18 +66,12 @@ def turn_parts(turn: TurnRecord) -> Iterator[tuple[Part, Any]]:
 
 
 def _assistant(turn: TurnRecord, wire: bool) -> dict[str, Any]:
-    calls = [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for c in turn.tool_calls
-    ]
-    if wire:  # as tasks.replies.ModelReply.as_message sent it
-        msg: dict[str, Any] = {"role": "assistant", "content": turn.assistant_content or ""}
-        if calls:
-            msg["tool_calls"] = calls
-        return msg
-    return {"role": "assistant", "content": turn.assistant_content or "",
-            "reasoning_content": turn.reasoning_content, "tool_calls": calls,
-            "tool_call_id": None, "name": None}  # fmt: skip
+    sent = ModelReply(turn.assistant_content, list(turn.tool_calls), turn.reasoning_content,
+                      turn.finish_reason, turn.usage, 0.0).as_message()  # the loop's own rule
+    if wire:
+        return sent
+    return {"role": "assistant", "content": sent["content"], "reasoning_content": turn.reasoning_content,
+            "tool_calls": sent.get("tool_calls", []), "tool_call_id": None, "name": None}  # fmt: skip
 
 
 def _tool(o: Observation, wire: bool) -> dict[str, Any]:
