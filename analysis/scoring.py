@@ -1,4 +1,5 @@
-"""A run's recorded answers -> score rows for the warehouse, through datasets_prep's verifiers.
+"""A run's recorded answers -> score rows for the warehouse, through the one reward
+(analysis.trajectory.reward: the task's verifier, datasets_prep.verifiers).
 
 Infrastructure failures are not scored (they are not the model's answer). Each row names
 the recording attempt it judged (`episode_write_id`), so a score of an episode recorded
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from analysis.trajectory import reward, score_row
 from datasets_prep.task import Task
-from datasets_prep.verifiers import JudgeEndpoint, score
+from datasets_prep.verifiers import JudgeEndpoint
 from warehouse.rundata import RunData
 
 
@@ -21,7 +23,9 @@ def score_episodes(
     *,
     judge: JudgeEndpoint | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Score rows (the warehouse's `scores` shape), and the problems met (tasks missing)."""
+    """Score rows (the warehouse's `scores` shape, analysis.trajectory.score_row), and the
+    problems met (tasks missing). An unusable ground truth raises RewardError (a
+    VerifierError) naming the task."""
     rows, problems = [], []
     for e in data.episodes:
         if e.termination is None or e.is_infra_failure:
@@ -30,20 +34,6 @@ def score_episodes(
         if task is None:
             problems.append(f"episode {e.episode_id}: task {e.task_id!r} is not in the task set")
             continue
-        res = score(task, e.answer, verifier, judge=judge)
-        value = float(res.score)
-        rows.append(
-            {
-                "run_id": data.run_id,
-                "episode_id": e.episode_id,
-                "verifier": verifier or res.verifier or task.verifier,
-                "score": value,
-                "passed": value >= 1.0,
-                "reason": res.reason,
-                "answer": e.answer,
-                "ground_truth": task.ground_truth,
-                "details": res.details or {},
-                "episode_write_id": data.attempts.get(e.episode_id),
-            }
-        )
+        r = reward(task, e.answer, verifier, judge=judge)
+        rows.append(score_row(e, task, r, write_id=data.attempts.get(e.episode_id)))
     return rows, problems

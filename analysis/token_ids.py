@@ -1,8 +1,9 @@
 """One exact token sequence per trajectory, from the ids the server returned per turn.
 
 The one implementation (issue #23: "token assembly once") behind the token rows of
-`sandflow flows rollouts` (analysis.rollouts), the rollout server's replies (rl.batch) and
-the `token_ids_status` every RL episode records (rl.recording).
+`sandflow flows rollouts` and the rollout server's replies (both named by
+analysis.trajectory: `token_row`, `rollout_fields`) and the `token_ids_status` every RL
+episode records (rl.recording).
 
 Layout (verl / SkyRL multi-turn): ``prompt_ids`` is the first request's prompt;
 ``response_ids`` are the turns' completions (mask 1, their logprobs) with the

@@ -18,7 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.rollouts import episode_messages, sandbox_prompt
+from analysis.rollouts import sandbox_prompt
+from analysis.trajectory import sft_row
 from datasets_prep.rows import (
     LIS_RL_ROUTES,
     lis_rl_ground_truth,
@@ -27,8 +28,6 @@ from datasets_prep.rows import (
     task_rows,
 )
 from datasets_prep.task import Task
-from tasks.replies import text_too_deep
-from tasks.tools import TOOL_SCHEMAS
 from warehouse.exports import write_export
 from warehouse.rundata import RunData
 
@@ -61,36 +60,6 @@ def lis_rl_summary(tasks: Sequence[Task]) -> dict[str, Any]:
     return out
 
 
-def _arguments(text: str | None) -> Any:
-    """Tool-call arguments as an object (chat templates render them with tojson); text
-    that is not JSON, or nests deeper than the one reader allows, stays text."""
-    raw = text or "{}"
-    if text_too_deep(raw):
-        return raw
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        return text or ""
-    return value
-
-
-def sft_message(m: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
-    calls = m.get("tool_calls") or []
-    if calls:
-        out["tool_calls"] = [
-            {"id": c.get("id"), "type": "function",
-             "function": {"name": (c.get("function") or {}).get("name"),
-                          "arguments": _arguments((c.get("function") or {}).get("arguments"))}}
-            for c in calls
-        ]
-    if m["role"] == "tool":
-        out["tool_call_id"] = m.get("tool_call_id")
-        if m.get("name"):
-            out["name"] = m["name"]
-    return out
-
-
 def sft_rows(data: RunData, task_ids: Iterable[str], pass_score: float = 1.0) -> list[dict[str, Any]]:
     """One row per passing, finished episode of the kept tasks (rejection sampling)."""
     keep = set(task_ids)
@@ -99,9 +68,7 @@ def sft_rows(data: RunData, task_ids: Iterable[str], pass_score: float = 1.0) ->
         s = data.scores.get(e.episode_id)
         if e.task_id not in keep or e.is_infra_failure or s is None or s.score < pass_score:
             continue
-        msgs = [sft_message(m) for m in episode_messages(e, data.turns_of(e.episode_id))]
-        rows.append({"messages": msgs, "tools": TOOL_SCHEMAS, "task_id": e.task_id,
-                     "episode_id": e.episode_id, "reward": s.score})
+        rows.append(sft_row(e, data.turns_of(e.episode_id), s.score))
     return rows
 
 

@@ -14,14 +14,8 @@ from typing import Any
 
 from prefect import flow
 
-from analysis.rollouts import (
-    TOKEN_SCHEMA,
-    TRAJECTORY_SCHEMA,
-    ExportStats,
-    sandbox_prompt,
-    token_rows,
-    trajectory_rows,
-)
+from analysis.rollouts import ExportStats, sandbox_prompt, token_rows, trajectory_rows
+from analysis.trajectory import TOKEN_SCHEMA, TRAJECTORY_SCHEMA
 from datasets_prep.rows import row_schema, task_rows
 from flows import artifacts
 from warehouse import DEFAULT_ROOT, Warehouse, write_export

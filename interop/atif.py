@@ -36,8 +36,8 @@ from interop.common import (
 from interop.names import atomic_open, prepare_out, safe_name
 from interop.source import Episode, RunSource
 from interop.summary import Summary
+from tasks.conversation import tools_of, turn_parts
 from tasks.records import TurnRecord
-from tasks.tools import TOOL_SCHEMAS
 
 ATIF_VERSION = "ATIF-v1.8"
 NO_COST = "cost_usd (sandflow records no prices)"
@@ -122,10 +122,12 @@ def trajectory(ep: Episode, run: dict[str, Any], summary: Summary) -> dict[str, 
     steps: list[dict[str, Any]] = []
     for m in e.prompt_messages:
         steps.append(_prompt_step(len(steps) + 1, m))
-    for t in ep.turns:
-        steps.append(_agent_step(len(steps) + 1, t, e.model, summary))
-        for m in t.extra_messages:
-            steps.append(_prompt_step(len(steps) + 1, m))
+    for t in ep.turns:  # tasks.conversation's order; an agent step holds its tool results
+        for part, item in turn_parts(t):
+            if part == "assistant":
+                steps.append(_agent_step(len(steps) + 1, t, e.model, summary))
+            elif part == "appended":
+                steps.append(_prompt_step(len(steps) + 1, item))
     if not steps:
         return None
     s = ep.score
@@ -138,7 +140,7 @@ def trajectory(ep: Episode, run: dict[str, Any], summary: Summary) -> dict[str, 
                 "name": "sandflow",
                 "version": sandflow_version(),
                 "model_name": e.model or None,
-                "tool_definitions": TOOL_SCHEMAS if e.mode == "sandbox" else None,
+                "tool_definitions": tools_of(e.mode) or None,
                 "extra": {"mode": e.mode, "config": e.config},
             }
         ),

@@ -6,8 +6,8 @@ counts and the provenance (run, model, task set and its content hash, image, san
 version, export time).
 
 - A run: one row per episode, one split per mode (`sandbox`, `llm`): the chat messages
-  (the same struct as the rollouts' trajectories: role, content, reasoning, tool calls,
-  tool call id, name), each tool result's exit code / time-out / OOM kill / truncation /
+  (tasks.conversation's row shape, the struct of the RL trajectories: role, content,
+  reasoning, tool calls, tool call id, name), each tool result's exit code / time-out / OOM kill / truncation /
   error / duration, the verdict (score, passed, verifier, ground truth), termination,
   answer, per-turn token counts, completion token ids and logprobs where recorded.
   Not carried: per-turn prompt token ids (they grow with the square of the turns; the
@@ -33,11 +33,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis.rollouts import MESSAGE, episode_messages
+from analysis.trajectory import MESSAGE
 from interop.common import iso, outcome, sandflow_version, verdict
 from interop.names import inside, prepare_out, write_text
 from interop.source import Episode, RunSource, batch_size
 from interop.summary import Summary
+from tasks.conversation import episode_messages
 from warehouse.fields import OBSERVATION
 
 RL_TABLES = ("trajectories", "taskset", "tokens")  # the default config first

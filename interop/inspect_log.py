@@ -55,8 +55,8 @@ from interop.common import iso, outcome, parse_arguments, sandflow_version, text
 from interop.names import atomic_open, prepare_out, safe_name
 from interop.source import Episode, RunSource, quote
 from interop.summary import Summary
+from tasks.conversation import tools_of, turn_parts
 from tasks.records import TurnRecord
-from tasks.tools import TOOL_SCHEMAS
 
 LOG_VERSION = 2  # EvalLog.version inspect-ai 0.3.x writes and reads
 _STOP = {"stop": "stop", "tool_calls": "tool_calls", "length": "max_tokens", "content_filter": "content_filter"}
@@ -118,11 +118,10 @@ def messages(ep: Episode) -> tuple[list[dict[str, Any]], list[int]]:
     e = ep.record
     out = [_plain(m) for m in e.prompt_messages]
     starts: list[int] = []
-    for t in ep.turns:
+    for t in ep.turns:  # tasks.conversation's order
         starts.append(len(out))
-        out.append(_assistant(t, e.model))
-        out.extend(_tool(o) for o in t.observations)
-        out.extend(_plain(m) for m in t.extra_messages)
+        for part, item in turn_parts(t):
+            out.append(_assistant(item, e.model) if part == "assistant" else _tool(item) if part == "tool" else _plain(item))
     for i, m in enumerate(out):
         m["id"] = message_id(e.episode_id, i)
     return out, starts
@@ -130,9 +129,7 @@ def messages(ep: Episode) -> tuple[list[dict[str, Any]], list[int]]:
 
 def _tool_infos(mode: str) -> list[dict[str, Any]]:
     """The tools the model was offered, as Inspect's ToolInfo (sandbox mode: the three)."""
-    if mode != "sandbox":
-        return []
-    return [{k: f["function"].get(k) for k in ("name", "description", "parameters")} for f in TOOL_SCHEMAS]
+    return [{k: f["function"].get(k) for k in ("name", "description", "parameters")} for f in tools_of(mode)]
 
 
 def _at(t0: datetime | None, seconds: float) -> str | None:

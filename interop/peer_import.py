@@ -520,7 +520,7 @@ def _score(wh: Warehouse, run_id: str, tasks: dict[str, Task], summary: Summary)
         try:
             got, probs = score_episodes(one, tasks, None)
         except VerifierError as exc:
-            problems.append(f"episode {e.episode_id} (task {e.task_id!r}): {exc}")
+            problems.append(f"episode {e.episode_id}: {exc}")  # the reward's error names the task
             continue
         rows += got
         problems += probs

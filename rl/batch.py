@@ -46,7 +46,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from analysis.token_ids import assemble
+from analysis.trajectory import RewardError, reward, rollout_fields, score_row
 from datasets_prep.rows import RowError, task_from_row
 from datasets_prep.task import Task
 from engine import budget as budgets
@@ -58,7 +58,6 @@ from engine.retry import EpisodeCancelled, InfraFailure, RetryPolicy, is_retryab
 from engine.run import RunHandle, compact_after_run, open_run
 from rl.groups import Group
 from rl.recording import RolloutRecorder, RolloutTags
-from rl.reward import RewardError, reward_of
 from rl.slots import Slots
 from rl.toolcalls import FORMATS, TextReply, parse_text_tool_calls
 from rl.tree import Branch, BranchSpec, branch_points, grow
@@ -256,6 +255,7 @@ class Batch:
         self.slots = Slots(server_slots, request.max_concurrency)
         self._active_lock = threading.Lock()
         self._attempts: dict[str, int] = {}
+        self._score_rows: dict[str, dict[str, Any]] = {}  # episode id -> its score row, until streamed
         self.done = False  # the stream sent `done`
         # the batch's run in the engine (engine.run.open_run: its lock, its record, its
         # fan-out, its end), from `begin` until `end`
@@ -552,7 +552,6 @@ class Batch:
         ):
             return base | {"status": "cancelled", "termination": "interrupted", "reward": None}
         rec: EpisodeRecord = result.record
-        tokens = assemble(result.turns)
         out = base | {
             "status": "ok",
             "termination": rec.termination,
@@ -563,17 +562,9 @@ class Batch:
             "verifier": None,
             "attempts": rec.config.get("attempts", 1),
             "num_turns": rec.num_turns,
-            "messages": result.messages,
-            "message_loss_mask": [
-                1 if m.get("role") == "assistant" else 0 for m in result.messages
-            ],
-            "token_ids_status": tokens.status,
-            "prompt_ids": tokens.prompt_ids,
-            "response_ids": tokens.response_ids,
-            "response_mask": tokens.response_mask,
-            "response_logprobs": tokens.response_logprobs,
-            "overlong": rec.termination == "context_exhausted"
-            or any(t.finish_reason == "length" for t in result.turns),
+            # messages, loss_mask, token columns, overlong (analysis.trajectory): the
+            # episode's own history, exactly what the policy saw
+            **rollout_fields(rec, result.turns, result.messages),
             "usage": {
                 "prompt_tokens": rec.prompt_tokens,
                 "completion_tokens": rec.completion_tokens,
@@ -583,9 +574,11 @@ class Batch:
         if rec.is_infra_failure:
             return out | {"status": "failed"}
         try:
-            r = reward_of(task, rec.answer)
+            r = reward(task, rec.answer)
         except RewardError as exc:
             return out | {"status": "failed", "error": str(exc)}
+        # the warehouse's score row (analysis.trajectory.score_row), written with the batch's
+        self._score_rows[ep_id] = score_row(rec, task, r)
         return out | {"reward": r.score, "reward_reason": r.reason, "verifier": r.verifier}
 
     # -- the stream ---------------------------------------------------------------------
@@ -653,8 +646,9 @@ class Batch:
                     yield event
                 for event in trajectories:
                     self.counts[event["status"]] += 1
-                    if event["status"] == "ok" and event.get("reward") is not None:
-                        scores.append(_score_row(event, task))
+                    row = self._score_rows.pop(event["episode_id"], None)
+                    if event["status"] == "ok" and row is not None:
+                        scores.append(row)
                     if group.add(event["episode_id"], event.get("reward")):
                         yield {"type": "group", "run_id": self.run_id, **group.advantages()}
             complete = True
@@ -686,15 +680,3 @@ class Batch:
             out["reason"] = self.cancel_event.reason
         return out
 
-
-def _score_row(event: dict[str, Any], task: Task) -> dict[str, Any]:
-    return {
-        "run_id": event["run_id"],
-        "episode_id": event["episode_id"],
-        "verifier": event["verifier"],
-        "score": event["reward"],
-        "passed": event["reward"] >= 1.0,
-        "reason": event["reward_reason"],
-        "answer": event["answer"],
-        "ground_truth": task.ground_truth,
-    }

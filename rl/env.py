@@ -37,13 +37,13 @@ from typing import Any, Literal
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from analysis.trajectory import Reward, reward, score_row
 from datasets_prep.closing import ClosedOnExit
 from datasets_prep.rows import task_from_row
 from datasets_prep.task import Task
 from rl.envruns import TrackedRecorder, open_env_run, taken_samples
 from rl.envruns import finish_runs as finish_runs  # rl.env.finish_runs(): end the env runs
 from rl.recording import RolloutRecorder, RolloutTags
-from rl.reward import Reward, reward_of
 from rl.toolcalls import ToolCallFormat, reply_from_action
 from sandbox.base import SandboxConfig, SandboxError
 from tasks.loop import Limits, SteppedEpisode
@@ -351,25 +351,12 @@ class SandboxEnv(ClosedOnExit):
                 f"infrastructure failure, not scored: {record.termination}: {record.error}",
                 record,
             )
-        self.reward = reward_of(self.task, record.answer)
+        self.reward = reward(self.task, record.answer)
         info.update(reward_reason=self.reward.reason, verifier=self.reward.verifier)
         if self.warehouse is not None:  # the reward as a score, like any scored run
             from warehouse.store import Warehouse
 
-            Warehouse(self.warehouse).write_scores(
-                [
-                    {
-                        "run_id": record.run_id,
-                        "episode_id": record.episode_id,
-                        "verifier": self.reward.verifier,
-                        "score": self.reward.score,
-                        "passed": self.reward.score >= 1.0,
-                        "reason": self.reward.reason,
-                        "answer": record.answer,
-                        "ground_truth": self.task.ground_truth,
-                    }
-                ]
-            )
+            Warehouse(self.warehouse).write_scores([score_row(record, self.task, self.reward)])
         return self.reward.score
 
     def _write_run(self) -> None:

@@ -106,8 +106,8 @@ class SandflowEnvironment(Environment[SandflowAction, SandflowObservation, State
         sample_index: int | None = None,
         **kwargs: Any,
     ) -> SandflowObservation:
+        from analysis.trajectory import check_scorable
         from datasets_prep.rows import task_from_row
-        from rl.reward import check_scorable
 
         if task is not None:
             chosen = task_from_row(task)
@@ -178,7 +178,7 @@ class SandflowEnvironment(Environment[SandflowAction, SandflowObservation, State
 
 def create_app(cfg: ServerConfig) -> Any:
     """openenv-core's FastAPI app over sandflow's environment."""
-    from rl.reward import check_scorable
+    from analysis.trajectory import check_scorable
 
     for task in cfg.tasks.values():
         check_scorable(task)  # a task set that cannot reward is refused before serving

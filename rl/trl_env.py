@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from analysis.trajectory import RewardError
 from datasets_prep.task import Task
 from rl.env import InfraError, SandboxEnv, default_run_id
 from rl.recording import RolloutTags
-from rl.reward import RewardError
 from sandbox.base import SandboxConfig
 from tasks.loop import Limits
 from tasks.model import ModelReply

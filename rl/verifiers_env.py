@@ -19,7 +19,7 @@ What maps to what (docs/interop.md, "verifiers"):
   first tool call opens its sandflow episode (`rl.env.SandboxEnv`: a sandbox with the
   task's files); every tool call is one step of it, recorded in the warehouse like any
   run (one warehouse run for the whole evaluation, `run_id`).
-- **Rubric**: the task's own sandflow verifier (`rl.reward`), computed when the episode
+- **Rubric**: the task's own sandflow verifier (`analysis.trajectory.reward`), computed when the episode
   ends (submit, or sandflow's max_steps / wall clock) and handed back through the rollout
   state; `sandflow_reward` is the rubric's one reward function, `submitted` a metric.
 
@@ -265,9 +265,9 @@ class SandflowTasksetConfig(vf.TasksetConfig):
 class SandflowTaskset(vf.Taskset[SandflowTask, SandflowTasksetConfig]):
     def load(self) -> Iterator[SandflowTask]:
         from analysis.rollouts import sandbox_prompt
+        from analysis.trajectory import check_scorable
         from datasets_prep.prepare import load_taskset
         from datasets_prep.rows import task_rows
-        from rl.reward import check_scorable
 
         cfg = self.config
         ts = load_taskset(cfg.source, seed=cfg.seed, size=cfg.size)

@@ -43,6 +43,7 @@ from typing import Any
 
 from datasets_prep.task import Task
 from sandbox.base import Sandbox, SandboxConfig, SandboxError
+from tasks.conversation import episode_messages
 from tasks.loop import (
     CancelCheck,
     EpisodePrefix,
@@ -288,19 +289,6 @@ def replay_calls(
     return check
 
 
-def wire_messages(turn: TurnRecord) -> list[dict[str, Any]]:
-    """The messages `turn` appended to the history, as the loop sent them."""
-    msg: dict[str, Any] = {"role": "assistant", "content": turn.assistant_content or ""}
-    if turn.tool_calls:
-        msg["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in turn.tool_calls
-        ]
-    out = [msg, *(dict(m) for m in turn.extra_messages)]
-    out += [{"role": "tool", "tool_call_id": o.tool_call_id, "content": o.content} for o in turn.observations]
-    return out
-
-
 def parent_limits(parent: EpisodeRecord, fallback: Limits) -> Limits:
     """The limits the parent ran under (its recorded config), for the bounds that shaped its
     observations; `fallback` when the config does not hold them."""
@@ -359,12 +347,9 @@ def replay_episode(
             raise ReplayError(f"the sandbox failed while replaying {parent.episode_id}: {exc}") from None
         if check.total and not allow_divergence:
             raise ReplayDiverged(check)
-        messages = [dict(m) for m in parent.prompt_messages]
-        for t in prefix_turns:
-            messages += wire_messages(t)
         prefix = EpisodePrefix(
             prompt_messages=[dict(m) for m in parent.prompt_messages],
-            messages=messages,
+            messages=episode_messages(parent, prefix_turns, wire=True),  # as the loop sent them
             turns=list(prefix_turns),
             lineage={
                 "parent_run_id": parent.run_id, "parent_episode_id": parent.episode_id,

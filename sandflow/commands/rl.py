@@ -161,10 +161,10 @@ def openenv(
             f"sandflow rl openenv needs openenv-core ({exc}): pip install 'sandflow[openenv]'",
             EXIT_USAGE, label="Error",
         ) from None  # fmt: skip
+    from analysis.trajectory import RewardError
     from datasets_prep.prepare import load_taskset
     from rl.env import default_run_id
     from rl.recording import RolloutTags
-    from rl.reward import RewardError
     from sandflow.config import command_settings, run_spec
 
     settings = command_settings(warehouse=warehouse, backend=backend)

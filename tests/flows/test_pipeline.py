@@ -275,7 +275,7 @@ def test_token_ids_flow_into_token_level_rollouts(tmp_path: Path) -> None:
     assert out["token_rows"] == 4 and out["token_mismatches"] == 0, out
     rows = load_dataset("parquet", data_files=out["files"]["tokens"], split="train")
     for r in rows:
-        mask, resp, lps = r["response_mask"], r["response_ids"], r["logprobs"]
+        mask, resp, lps = r["response_mask"], r["response_ids"], r["response_logprobs"]
         assert len(mask) == len(resp) == len(lps) and 0 in mask and 1 in mask
         assert all(lp == -0.5 for lp, m in zip(lps, mask, strict=True) if m == 1)
         assert all(lp == 0.0 for lp, m in zip(lps, mask, strict=True) if m == 0)

@@ -11,15 +11,9 @@ from pathlib import Path
 import pytest
 
 from analysis.advantages import group_advantages, grpo, rloo
-from analysis.rollouts import (
-    TOKEN_SCHEMA,
-    TRAJECTORY_SCHEMA,
-    ExportStats,
-    RolloutError,
-    token_rows,
-    trajectory_rows,
-)
+from analysis.rollouts import ExportStats, RolloutError, token_rows, trajectory_rows
 from analysis.token_ids import assemble
+from analysis.trajectory import TOKEN_SCHEMA, TRAJECTORY_SCHEMA
 from datasets_prep.rows import row_schema, task_rows
 from datasets_prep.task import Task
 from tasks.records import EpisodeRecord, Observation, ToolCall, TurnRecord, Usage
@@ -209,4 +203,4 @@ def test_exports_load_with_datasets(run: RunData, tmp_path: Path) -> None:
     tk = load_dataset("parquet", data_files=str(tk_path), split="train")
     row = next(r for r in tk if r["episode_id"] == "a0")
     assert row["response_ids"] == [10, 11, 20, 21, 12] and row["response_mask"] == [1, 1, 0, 0, 1]
-    assert row["logprobs"] == pytest.approx([-0.1, -0.2, 0.0, 0.0, -0.3])
+    assert row["response_logprobs"] == pytest.approx([-0.1, -0.2, 0.0, 0.0, -0.3])

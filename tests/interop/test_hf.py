@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from analysis.rollouts import episode_messages
+from tasks.conversation import episode_messages
 from tests.interop.conftest import RealRun, peer_folder, peer_problem, run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -132,7 +132,7 @@ def test_batch_streams_exact_trajectories_rewards_and_advantages(
             "assistant",
             "tool",
         ]
-        assert t["message_loss_mask"] == [0, 0, 1, 0, 1, 0]
+        assert t["loss_mask"] == [0, 0, 1, 0, 1, 0]
         if raw_text:  # the history keeps the text as generated, no structured calls
             assert (
                 "<tool_call>" in t["messages"][2]["content"]
