@@ -112,6 +112,38 @@ def train(
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
+def serve_checkpoint(checkpoint: Path, base_url: str | None) -> str:
+    """`sandflow bench --checkpoint DIR`: the trained policy converted to GGUF (rl/export_gguf.py)
+    and made the embedded model of this process, under a name of its own; returns the name.
+    Not a checkpoint of the embedded model, or no weights: one sentence, exit 2."""
+    import json
+    import time
+
+    from rl.export_gguf import CheckpointError, export_gguf
+    from sandflow.errors import EXIT_USAGE, err_console, fail
+    from tasks import local_model
+
+    if base_url:
+        raise fail("--checkpoint is served by the embedded model: drop --base-url (or SANDFLOW_BASE_URL)", EXIT_USAGE)
+    if importlib_missing("gguf") or importlib_missing("safetensors"):
+        raise fail("--checkpoint needs the extra `train` (gguf): bash scripts/setup.sh --train", EXIT_USAGE)
+    t = time.monotonic()
+    try:
+        gguf = export_gguf(checkpoint)
+    except (CheckpointError, local_model.LocalModelError) as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    run = checkpoint.name
+    try:
+        run = f"{json.loads((checkpoint / 'sandflow_policy.json').read_text())['training_run']}/{checkpoint.name}"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    alias = f"{local_model.DEFAULT_ALIAS}@{run}"[:200]
+    local_model.configure(gguf, alias=alias)
+    err_console().print(f"checkpoint {checkpoint} as {gguf} ({time.monotonic() - t:.1f}s), served as {alias}",
+                        soft_wrap=True, highlight=False)
+    return alias
+
+
 def importlib_missing(module: str) -> bool:
     import importlib.util
 
