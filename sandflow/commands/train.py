@@ -120,7 +120,7 @@ def train(
         raise typer.Exit(EXIT_INTERRUPTED)
     if evaluate is not None and result.final_dir is not None:
         evaluate_policies(result.training_run, Path(cfg.output_dir), evaluate, evaluate_mode,
-                          Path(settings.warehouse), max_steps=cfg.max_tool_calls + 1)
+                          Path(settings.warehouse), max_steps=cfg.max_tool_calls + 1, backend=cfg.backend)
 
 
 def check_heldout(source: str, mode: str) -> None:
@@ -139,17 +139,19 @@ def check_heldout(source: str, mode: str) -> None:
 
 
 def evaluate_policies(training_run: str, output: Path, source: str, mode: str, warehouse: Path,
-                      *, max_steps: int) -> tuple[str, str]:
+                      *, max_steps: int, backend: str) -> tuple[str, str]:
     """The closed loop's last stage: `sandflow bench --checkpoint` of <output>/initial (the
     policy GRPO started from) and <output>/final on the held-out `source`, one run each in
     `warehouse`, then `sandflow compare` of the two (the nightly report's paired exact test).
     Each bench is its own process: the embedded server serves one model file per process."""
+    import os
     import subprocess
     import sys
 
     from sandflow.errors import console
 
     out = console()
+    env = {**os.environ, "SANDFLOW_BACKEND": backend}  # the training's sandbox backend
     runs = {label: f"{training_run}-{label}" for label in ("base", "trained")}
     for label, folder in (("base", output / "initial"), ("trained", output / "final")):
         out.print(f"evaluate: {label} policy {folder} on {source} (run {runs[label]})", soft_wrap=True, highlight=False)
@@ -157,10 +159,10 @@ def evaluate_policies(training_run: str, output: Path, source: str, mode: str, w
             [sys.executable, "-m", "sandflow.cli", "bench", "--suite", source, "--checkpoint", str(folder),
              "--mode", mode, "--no-rollouts", "--warehouse", str(warehouse), "--run-id", runs[label],
              "--max-steps", str(max_steps), "--series", f"{training_run}-{label}"],
-            check=False,
+            check=False, env=env,
         )  # fmt: skip
     subprocess.run([sys.executable, "-m", "sandflow.cli", "compare", runs["base"], runs["trained"],
-                    "--warehouse", str(warehouse)], check=False)  # fmt: skip
+                    "--warehouse", str(warehouse)], check=False, env=env)  # fmt: skip
     out.print(
         f"curve: {output / 'training_curve.png'} (viewer: sandflow view, /training/{training_run}); comparison: "
         f"sandflow compare {runs['base']} {runs['trained']} -w {warehouse}",
