@@ -441,6 +441,13 @@ def _sql_hints(run_id: str, warehouse: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ bench
+_CHECKPOINT = typer.Option(
+    None, "--checkpoint",
+    help="A policy `sandflow train` wrote (e.g. train_output/final): converted to GGUF and "
+    "served by the embedded model under its own name (docs/train.md).",
+)
+
+
 def bench(
     source: str = typer.Option(
         "smoke", "--suite", "--source", "-s", help="Built-in suite name, a hub dataset, or a task-set file."
@@ -494,11 +501,7 @@ def bench(
     prices: str = _PRICES,
     max_cost: float = _MAX_COST,
     max_run_tokens: int = _MAX_RUN_TOKENS,
-    checkpoint: Path = typer.Option(
-        None, "--checkpoint",
-        help="A policy `sandflow train` wrote (e.g. train_output/final): converted to GGUF and "
-        "served by the embedded model under its own name (docs/train.md).",
-    ),
+    checkpoint: Path = _CHECKPOINT,
     verbose: bool = _VERBOSE,
 ) -> None:
     """The nightly benchmark, now: prepare -> run (both modes) -> score -> usage -> tokens
