@@ -37,21 +37,39 @@ from datasets_prep.task import Task  # noqa: E402
 TARGET_ENV_SHARE = 0.10
 
 
-def bench_tasks(n: int, seed: int = 0) -> list[Task]:
+def bench_tasks(n: int, seed: int = 0, prefix: str = "") -> list[Task]:
     """Tasks the warmed-up 135M policy sometimes solves (not the warm-up's own examples)."""
     rng = random.Random(f"bench-train:{seed}")
     tasks = []
     for i in range(n):
         a, b = rng.randint(2, 60), rng.randint(2, 60)
         if i % 2 == 0:
-            tasks.append(Task(id=f"add-{i}", domain="math", problem_statement=f"What is {a} + {b}?",
+            tasks.append(Task(id=f"{prefix}add-{i}", domain="math", problem_statement=f"What is {a} + {b}?",
                               ground_truth=str(a + b), verifier="exact"))
         else:
             v = str(rng.randint(100, 999))
-            tasks.append(Task(id=f"file-{i}", domain="general",
+            tasks.append(Task(id=f"{prefix}file-{i}", domain="general",
                               problem_statement="What number is written in the file secret.txt?",
                               ground_truth=v, verifier="exact", input_files={"secret.txt": v + "\n"}))
     return tasks
+
+
+def write_loop_tasks(out: Path, train_n: int = 16, heldout_n: int = 8) -> None:
+    """The closed loop's task sets: training and held-out tasks of the same kinds, other
+    numbers (no held-out problem is a training problem)."""
+    from datasets_prep.io import write_taskset
+    from datasets_prep.task import TaskSet
+
+    train = bench_tasks(train_n, seed=0)
+    seen = {t.problem_statement for t in train if not t.input_files} | {
+        next(iter(t.input_files.values())) for t in train if t.input_files}
+    heldout = [t for t in bench_tasks(heldout_n * 3, seed=1, prefix="heldout-")
+               if (next(iter(t.input_files.values())) if t.input_files else t.problem_statement) not in seen]
+    out.mkdir(parents=True, exist_ok=True)
+    for name, tasks in (("train", train), ("heldout", heldout[:heldout_n])):
+        path = write_taskset(TaskSet.build(tasks, name=f"loop-{name}", source="benchmarks/train.py"),
+                             out / f"{name}.parquet")
+        print(f"{path}: {len(tasks)} tasks")
 
 
 # TRL's stateless tool mode: plain functions (the floor)
@@ -105,7 +123,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--floor-steps", type=int, default=1, help="steps of the floor (0: none)")
+    ap.add_argument("--write-tasks", type=Path, default=None, metavar="DIR",
+                    help="only write these tasks as DIR/train.parquet (16) and DIR/heldout.parquet (8, "
+                         "other numbers), the closed loop's data (docs/train.md), and exit")
     a = ap.parse_args()
+    if a.write_tasks is not None:
+        write_loop_tasks(a.write_tasks)
+        return
 
     import torch
 

@@ -85,6 +85,7 @@ class TrainConfig(BaseModel):
     max_wall_s: float | None = Field(None, gt=0, description="stop after this many seconds")
     exec_timeout_s: float = Field(30.0, gt=0, description="per command in the sandbox")
     save_final: bool = True
+    save_initial: bool = Field(False, description="also save the policy GRPO starts from (after the warm-up) to <output>/initial")
 
 
 @dataclass
@@ -517,6 +518,11 @@ def train(
         losses = warm_up(model, tok, tasks, steps=cfg.warmup_steps, threads=cfg.threads, seed=cfg.seed,
                          prompt_dir=prompt_dir(cfg.prompts))
         say(f"SFT warm-up: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    if cfg.save_initial and cfg.resume is None:  # the base of `sandflow compare` (docs/train.md)
+        initial = Path(cfg.output_dir) / "initial"
+        model.save_pretrained(str(initial))
+        tok.save_pretrained(str(initial))
+        _mark(initial, cfg.policy, training_run)
     before = _fingerprint(model)
     session = RolloutSession(
         warehouse=cfg.warehouse,

@@ -42,12 +42,16 @@ class LocalModelError(RuntimeError):
 
 
 _GGUF: Path | None = None  # the application's local_gguf setting (SANDFLOW_LOCAL_GGUF)
+_ALIAS: str | None = None  # the name it is served (and recorded) under; None: DEFAULT_ALIAS
 
 
-def configure(gguf: Path | str | None) -> None:
-    """Use this .gguf file for the embedded model (None: the packaged SmolLM2)."""
-    global _GGUF
+def configure(gguf: Path | str | None, alias: str | None = None) -> None:
+    """Use this .gguf file for the embedded model (None: the packaged SmolLM2), served as
+    `alias` (None: DEFAULT_ALIAS; a trained checkpoint gets its own name, so its runs do
+    not read as the base model's)."""
+    global _GGUF, _ALIAS
     _GGUF = Path(gguf) if gguf else None
+    _ALIAS = alias
 
 
 def find_gguf() -> Path:
@@ -215,6 +219,6 @@ def endpoint(cfg: ModelConfig) -> Iterator[ModelConfig]:
     if cfg.base_url:
         yield cfg
         return
-    with LocalModelServer() as server:
+    with LocalModelServer(alias=_ALIAS or DEFAULT_ALIAS) as server:
         update: dict[str, object] = {"base_url": server.base_url, "model": server.alias}
         yield cfg.model_copy(update=update)

@@ -426,6 +426,13 @@ def _sql_hints(run_id: str, warehouse: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ bench
+_CHECKPOINT = typer.Option(
+    None, "--checkpoint",
+    help="A policy `sandflow train` wrote (e.g. train_output/final): converted to GGUF and "
+    "served by the embedded model under its own name (docs/train.md).",
+)
+
+
 def bench(
     source: str = typer.Option(
         "smoke", "--suite", "--source", "-s", help="Built-in suite name, a hub dataset, or a task-set file."
@@ -479,6 +486,7 @@ def bench(
     prices: str = _PRICES,
     max_cost: float = _MAX_COST,
     max_run_tokens: int = _MAX_RUN_TOKENS,
+    checkpoint: Path = _CHECKPOINT,
     verbose: bool = _VERBOSE,
 ) -> None:
     """The nightly benchmark, now: prepare -> run (both modes) -> score -> usage -> tokens
@@ -502,6 +510,10 @@ def bench(
     from flows.nightly import benchmark_flow
 
     s = _run_settings(model, base_url, warehouse, network, durability, prices)
+    if checkpoint is not None:  # the trained policy as the embedded model (docs/train.md)
+        from sandflow.commands.train import serve_checkpoint
+
+        serve_checkpoint(checkpoint, s.base_url)
     if task_runner not in ("thread", "dask", "ray"):
         _fail(f"--task-runner {task_runner!r}: use thread, dask or ray")
     told = {"max_steps": max_steps, "concurrency": concurrency, "max_tokens": max_tokens}

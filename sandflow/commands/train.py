@@ -50,6 +50,12 @@ def train(
     ),
     max_wall: float | None = typer.Option(None, "--max-wall", min=1.0, help="Stop after a step past this many seconds."),
     seed: int = typer.Option(0, "--seed"),
+    evaluate: str | None = typer.Option(
+        None, "--evaluate",
+        help="Then benchmark the policy GRPO started from and the trained one on this held-out task set "
+        "(`sandflow bench --checkpoint`, both through the embedded server) and print `sandflow compare`.",
+    ),
+    evaluate_mode: str = typer.Option("sandbox", "--evaluate-mode", help="sandbox | llm | both (with --evaluate)."),
 ) -> None:
     """Train a policy with GRPO in sandflow's sandboxes (CPU by default): every rollout an
     episode in the warehouse, one `training_steps` row per step (docs/train.md)."""
@@ -69,9 +75,11 @@ def train(
             max_completion_length=max_completion, max_tool_calls=max_tool_calls,
             learning_rate=lr, beta=beta, checkpoint_every=checkpoint_every, resume=resume,
             warmup_steps=warmup, prompts=prompts, backend=settings.backend, threads=threads, gpu=gpu, vllm=vllm,
-            max_run_tokens=max_run_tokens, max_wall_s=max_wall,
+            max_run_tokens=max_run_tokens, max_wall_s=max_wall, save_initial=evaluate is not None,
         )
         check_config(cfg)  # bad input: one sentence, exit 2, before any model or sandbox
+        if evaluate is not None:
+            check_heldout(evaluate, evaluate_mode)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise fail(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}", EXIT_USAGE) from None
@@ -110,6 +118,88 @@ def train(
         out.print(f"final policy: {result.final_dir}", soft_wrap=True, highlight=False)
     if result.stopped == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
+    if evaluate is not None and result.final_dir is not None:
+        evaluate_policies(result.training_run, Path(cfg.output_dir), evaluate, evaluate_mode,
+                          Path(settings.warehouse), max_steps=cfg.max_tool_calls + 1, backend=cfg.backend)
+
+
+def check_heldout(source: str, mode: str) -> None:
+    """--evaluate's task set loads and --evaluate-mode is a mode (else TrainInputError)."""
+    from datasets_prep.prepare import load_taskset
+    from datasets_prep.sources import SourceMissing
+    from datasets_prep.suites import UnknownSuite
+    from rl.train import TrainInputError
+
+    if mode not in ("sandbox", "llm", "both"):
+        raise TrainInputError(f"--evaluate-mode {mode!r}: use sandbox, llm or both")
+    try:
+        load_taskset(source)
+    except (ValueError, OSError, UnknownSuite, SourceMissing) as exc:
+        raise TrainInputError(f"--evaluate {source}: {str(exc).strip(chr(39) + chr(34))}") from None
+
+
+def evaluate_policies(training_run: str, output: Path, source: str, mode: str, warehouse: Path,
+                      *, max_steps: int, backend: str) -> tuple[str, str]:
+    """The closed loop's last stage: `sandflow bench --checkpoint` of <output>/initial (the
+    policy GRPO started from) and <output>/final on the held-out `source`, one run each in
+    `warehouse`, then `sandflow compare` of the two (the nightly report's paired exact test).
+    Each bench is its own process: the embedded server serves one model file per process."""
+    import os
+    import subprocess
+    import sys
+
+    from sandflow.errors import console
+
+    out = console()
+    env = {**os.environ, "SANDFLOW_BACKEND": backend}  # the training's sandbox backend
+    runs = {label: f"{training_run}-{label}" for label in ("base", "trained")}
+    for label, folder in (("base", output / "initial"), ("trained", output / "final")):
+        out.print(f"evaluate: {label} policy {folder} on {source} (run {runs[label]})", soft_wrap=True, highlight=False)
+        subprocess.run(
+            [sys.executable, "-m", "sandflow.cli", "bench", "--suite", source, "--checkpoint", str(folder),
+             "--mode", mode, "--no-rollouts", "--warehouse", str(warehouse), "--run-id", runs[label],
+             "--max-steps", str(max_steps), "--series", f"{training_run}-{label}"],
+            check=False, env=env,
+        )  # fmt: skip
+    subprocess.run([sys.executable, "-m", "sandflow.cli", "compare", runs["base"], runs["trained"],
+                    "--warehouse", str(warehouse)], check=False, env=env)  # fmt: skip
+    out.print(
+        f"curve: {output / 'training_curve.png'} (viewer: sandflow view, /training/{training_run}); comparison: "
+        f"sandflow compare {runs['base']} {runs['trained']} -w {warehouse}",
+        soft_wrap=True, highlight=False,
+    )
+    return runs["base"], runs["trained"]
+
+
+def serve_checkpoint(checkpoint: Path, base_url: str | None) -> str:
+    """`sandflow bench --checkpoint DIR`: the trained policy converted to GGUF (rl/export_gguf.py)
+    and made the embedded model of this process, under a name of its own; returns the name.
+    Not a checkpoint of the embedded model, or no weights: one sentence, exit 2."""
+    import contextlib
+    import json
+    import time
+
+    from rl.export_gguf import CheckpointError, export_gguf
+    from sandflow.errors import EXIT_USAGE, err_console, fail
+    from tasks import local_model
+
+    if base_url:
+        raise fail("--checkpoint is served by the embedded model: drop --base-url (or SANDFLOW_BASE_URL)", EXIT_USAGE)
+    if importlib_missing("gguf") or importlib_missing("safetensors"):
+        raise fail("--checkpoint needs the extra `train` (gguf): bash scripts/setup.sh --train", EXIT_USAGE)
+    t = time.monotonic()
+    try:
+        gguf = export_gguf(checkpoint)
+    except (CheckpointError, local_model.LocalModelError) as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    run = checkpoint.name
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # no mark: the folder's name
+        run = f"{json.loads((checkpoint / 'sandflow_policy.json').read_text())['training_run']}/{checkpoint.name}"
+    alias = f"{local_model.DEFAULT_ALIAS}@{run}"[:200]
+    local_model.configure(gguf, alias=alias)
+    err_console().print(f"checkpoint {checkpoint} as {gguf} ({time.monotonic() - t:.1f}s), served as {alias}",
+                        soft_wrap=True, highlight=False)
+    return alias
 
 
 def importlib_missing(module: str) -> bool:

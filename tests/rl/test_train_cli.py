@@ -77,6 +77,8 @@ def test_a_table_whose_mapping_names_a_missing_column(tmp_path: Path) -> None:
     (["--prompts-per-step", "50", "--tasks", "smoke"], ["--prompts-per-step 50"]),
     (["--prompts", "/nowhere"], ["general.yaml"]),
     (["--vllm"], ["--gpu"]),
+    (["--evaluate", "/nowhere/heldout.parquet"], ["--evaluate /nowhere/heldout.parquet", "does not exist"]),
+    (["--evaluate", "smoke", "--evaluate-mode", "sideways"], ["--evaluate-mode 'sideways'"]),
 ])
 def test_other_bad_input(tmp_path: Path, args: list[str], words: list[str]) -> None:
     _one_sentence(_train(tmp_path, *args), *words)
