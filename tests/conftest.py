@@ -262,7 +262,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     Under pytest-xdist each worker looks for its own (the label sandflow.pid is the
     worker's) and hands what it found to the controller, which fails the run."""
     config = session.config
-    leaked = list(config.stash.get(_LEAKED, []))  # the controller: what its workers found
+    no_leaks: list[str] = []
+    leaked = list(config.stash.get(_LEAKED, no_leaks))  # the controller: what its workers found
     if "sandbox" in sys.modules:  # a test of this process opened a sandbox
         leaked += _leaked_sandboxes()
     if hasattr(config, "workeroutput"):  # an xdist worker: the controller reports
