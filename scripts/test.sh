@@ -5,6 +5,10 @@
 # prefect-ray; `--train`: the training tests get TRL and torch (CPU); CI asks for all three, elsewhere those tests are skipped, saying how to get them);
 # the rest go to pytest (e.g. `bash scripts/test.sh -m "not slow" -x`,
 # `bash scripts/test.sh --postgres --ray --train -q`).
+# The suite runs on SANDFLOW_TEST_WORKERS (default 3) pytest-xdist workers: most tests wait
+# on sandboxes, servers and subprocesses, so a few workers fit on 2 cores; tests that share
+# a big fixture or the machine run on one worker (tests/conftest.py, "pytest-xdist").
+# `-n 0` (or any -n of yours) runs it your way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SETUP=(--test)
@@ -18,4 +22,9 @@ bash scripts/setup.sh "${SETUP[@]}"
 # The layering contracts of pyproject.toml ([tool.importlinter]): an import against the
 # architecture (a library reading the settings, a circle, Prefect outside flows/) fails here.
 .venv/bin/lint-imports
-exec .venv/bin/python -m pytest "$@"
+WORKERS=()
+case " $* " in
+  *" -n"*|*" --numprocesses"*|*"no:xdist"*) ;;
+  *) WORKERS=(-n "${SANDFLOW_TEST_WORKERS:-3}" --dist loadgroup) ;;
+esac
+exec .venv/bin/python -m pytest "${WORKERS[@]}" "$@"

@@ -46,6 +46,42 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 TEST_RUN_PREFIX = "pytest-"
 
 
+# ------------------------------------------------------------------------ pytest-xdist
+# scripts/test.sh runs the suite on a few worker processes (`-n 3 --dist loadgroup`): each
+# worker is a session of its own (its own PREFECT_HOME, Prefect harness, run ids and
+# sandbox labels), like two sessions on one machine. Tests that share an expensive or
+# machine-wide thing run on ONE worker, one after another (an xdist_group):
+# - a session fixture that starts a big thing (a second dockerd, a recorded run, Chromium);
+# - a module whose fixtures are module-scoped (built once, not once per worker);
+# - the `serial` marker: a test that owns something of the machine (a fixed bridge name,
+#   the PostgreSQL server) or that must not share the CPU with others.
+SHARED_FIXTURES = (
+    "second_engine", "real_run", "browser", "private_engine", "gvisor", "bwrap_volumes", "embedded_policy",
+)
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("serial"):
+        return "serial"
+    names = getattr(item, "fixturenames", ())
+    for name in SHARED_FIXTURES:
+        if name in names:
+            return name
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(d.scope == "module" for fdefs in defs.values() for d in fdefs):
+        return item.nodeid.split("::")[0]
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = _xdist_group(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def short_tmp() -> Iterator[Path]:
     """A folder with a short path (/tmp/sf-XXXXXXXX), removed after the session.
@@ -218,13 +254,31 @@ def _leaked_sandboxes() -> list[str]:
     return leaked
 
 
+_LEAKED = pytest.StashKey[list[str]]()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run if any sandbox opened by this session under a test run id survived it."""
-    if "sandbox" not in sys.modules:
-        return  # no test opened a sandbox
-    leaked = _leaked_sandboxes()
+    """Fail the run if any sandbox opened by this session under a test run id survived it.
+    Under pytest-xdist each worker looks for its own (the label sandflow.pid is the
+    worker's) and hands what it found to the controller, which fails the run."""
+    config = session.config
+    no_leaks: list[str] = []
+    leaked = list(config.stash.get(_LEAKED, no_leaks))  # the controller: what its workers found
+    if "sandbox" in sys.modules:  # a test of this process opened a sandbox
+        leaked += _leaked_sandboxes()
+    if hasattr(config, "workeroutput"):  # an xdist worker: the controller reports
+        config.workeroutput["sandflow_leaked"] = leaked
+        return
     if leaked:
         sys.stderr.write(
             "\nFAILED: sandboxes leaked by this test session (removed now): " + ", ".join(leaked) + "\n"
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """pytest-xdist: a worker ended; keep the leaks it found for pytest_sessionfinish."""
+    found = getattr(node, "workeroutput", {}).get("sandflow_leaked") or []
+    config = node.config  # type: ignore[attr-defined]
+    config.stash[_LEAKED] = [*config.stash.get(_LEAKED, []), *found]

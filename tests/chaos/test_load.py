@@ -1,8 +1,10 @@
-"""Load: 200 episodes at 16 concurrent sandboxes, through the CLI and through Dask.
+"""Load: 64 episodes at 16 concurrent sandboxes, through the CLI and through Dask.
 
 Runs benchmarks/load.py (the same script users run) and checks its JSON line: no failed
 episode and no leaked container in either pass, and a peak RSS was measured. Throughput
-is reported by the script, never asserted here (no timing assertions in tests).
+is reported by the script, never asserted here (no timing assertions in tests). The
+benchmark's own size (200 episodes at 16, `.venv/bin/python benchmarks/load.py`) measures
+the scale; the suite keeps the concurrency and four rounds of it.
 """
 
 from __future__ import annotations
@@ -16,30 +18,31 @@ import pytest
 from tests.chaos.conftest import REPO
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.usefixtures("sandbox_image")]
+EPISODES = 64
 
 
 def _load(*flags: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "load.py"), "--episodes", "200", "--concurrency", "16",
+        [sys.executable, str(REPO / "benchmarks" / "load.py"), "--episodes", str(EPISODES), "--concurrency", "16",
          "--no-floor", "--pass-timeout", "700", *flags],
         capture_output=True, text=True, timeout=1700, cwd=REPO, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     print(json.dumps(result))
-    assert result["episodes"] == 200 and result["concurrency"] == 16
+    assert result["episodes"] == EPISODES and result["concurrency"] == 16
     return result
 
 
 @pytest.mark.timeout(1800)
-def test_200_episodes_at_16_sandboxes_no_failure_no_leak() -> None:
+def test_64_episodes_at_16_sandboxes_no_failure_no_leak() -> None:
     result = _load("--no-dask")
     assert result["failed"] == 0 and result["leaked"] == 0, result
     assert 0 < result["peak_rss_mb"] < 4096, result
 
 
 @pytest.mark.timeout(1800)
-def test_200_episodes_at_16_sandboxes_through_dask_no_failure_no_leak() -> None:
+def test_64_episodes_at_16_sandboxes_through_dask_no_failure_no_leak() -> None:
     """Once stalled at 184/200 (Docker calls hung past the SDK's 120 s timeout in one worker);
     every engine call of the docker backend is bounded now (SANDFLOW_ENGINE_CALL_TIMEOUT_S):
     a stalled call is a sandbox_error, retried, and the run ends."""

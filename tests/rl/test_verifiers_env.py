@@ -18,7 +18,7 @@ from tests.flows.conftest import write_tasks
 from tests.interop.conftest import tasks
 from tests.rl.conftest import containers_of, new_run_id, read_episodes, rollout_server
 from tests.scripted_model import ScriptedModel, text_reply, tool_reply
-from tests.venvs import VERIFIERS, consumer_venv
+from tests.venvs import venv
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def vf_python() -> Path:
     """verifiers 0.4.0 (and uv, which runs its chat program) over sandflow's own packages."""
-    return consumer_venv("verifiers", [VERIFIERS, "uv"], "import verifiers.v1")
+    return venv("verifiers")
 
 
 def _user_text(body: dict) -> str:
