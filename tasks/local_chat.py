@@ -54,6 +54,7 @@ import json
 import re
 import threading
 import time
+import unicodedata
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -101,7 +102,7 @@ QWEN_TOOLS_OUTRO = (
     "\"arguments\": <args-json-object>}\n</tool_call>"
 )
 QWEN_CALL_OPEN = "<tool_call>"
-_WS_BEFORE_DIGIT = re.compile(r"(?<=\s)(?=\s\d)")  # where transformers' split cuts and llama.cpp's does not
+_WS_BEFORE_ANY = re.compile(r"(?<=\s)\s(?=\S)")  # the last of a whitespace run: cut before it if a number follows
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 # `{"type":"string"}` and friends: what json_schema_to_gbnf calls a JSON value of any kind
 JSON_VALUE_GBNF = r"""
@@ -638,7 +639,10 @@ class ChatEngine:
         smollm split takes digits out first, so a whitespace run before a digit is one
         piece there and gives its last character to the digit in transformers ("\\n  1":
         "\\n " + " " + "1", not "\\n  " + "1"); the text is cut there, then tokenized."""
-        return [t for chunk in _WS_BEFORE_DIGIT.split(text) for t in self.tokenize(chunk, special=False)]
+        cuts = [m.start() for m in _WS_BEFORE_ANY.finditer(text)
+                if unicodedata.category(text[m.start() + 1])[0] == "N"]  # \\p{N}, as both splits mean it
+        chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        return [t for chunk in chunks for t in self.tokenize(chunk, special=False)]
 
     def qwen_prompt_ids(self, req: ChatRequest) -> list[int]:
         """The qwen2.5 format's prompt: each turn's text between <|im_start|> and
