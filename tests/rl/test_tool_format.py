@@ -125,3 +125,19 @@ def test_a_tool_call_reply_comes_back_as_openai_tool_calls(tokenizer: Any) -> No
 ])
 def test_text_is_tokenized_as_the_training_tokenizes_it(tokenizer: Any, engine: Any, text: str) -> None:
     assert engine.tokenize_as_trained(text) == tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_a_checkpoint_is_served_in_the_format_it_was_trained_in(tmp_path: Any) -> None:
+    from rl.export_gguf import CheckpointError, trained_tool_format
+    from rl.train import _mark
+
+    new, old, odd = (tmp_path / n for n in ("new", "old", "odd"))
+    for d in (new, old, odd):
+        d.mkdir()
+    _mark(new, "embedded", "run")
+    assert json.loads((new / "sandflow_policy.json").read_text())["tool_format"] == "qwen2.5"
+    (old / "sandflow_policy.json").write_text(json.dumps({"policy": "smollm2-135m-instruct", "training_run": "r"}))
+    assert trained_tool_format(new) == trained_tool_format(old) == trained_tool_format(tmp_path) == "qwen2.5"
+    (odd / "sandflow_policy.json").write_text(json.dumps({"tool_format": "mistral"}))
+    with pytest.raises(CheckpointError, match="tool format 'mistral'"):
+        trained_tool_format(odd)
