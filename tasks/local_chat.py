@@ -26,12 +26,25 @@ llama-cpp-python's low-level API rather than its chat handlers, for four reasons
   SIGSEGV that takes the server down. Here a schema that cannot become a grammar is one
   clear 400 error.
 
-Tool calls use llama-cpp-python's chatml-function-calling text format (what SmolLM2 was
-served with before): the system message lists ``functions.NAME:`` with each parameters
-schema; the model answers either ``message:\\n<text>`` or one or more
-``functions.NAME:\\n<JSON arguments>`` separated by newlines, the arguments constrained by
-the tool's schema. Tool results are rendered as ChatML ``tool`` messages (the old
-handler dropped them: the model never saw an observation).
+Tool calls come in one of two text formats (``TOOL_FORMATS``, the engine's `tool_format`):
+
+- ``chatml-function-calling`` (the default; what SmolLM2 was served with before):
+  llama-cpp-python's format. The system message lists ``functions.NAME:`` with each
+  parameters schema; the model answers either ``message:\\n<text>`` or one or more
+  ``functions.NAME:\\n<JSON arguments>`` separated by newlines, the arguments constrained
+  by the tool's schema. Tool results are rendered as ChatML ``tool`` messages (the old
+  handler dropped them: the model never saw an observation).
+- ``qwen2.5``: what TRL's Qwen2.5 chat template renders (``trl.chat_template_utils.
+  qwen2_5_chat_template``, the template `sandflow train` trains with: rl/train.py), token
+  for token: the tools as JSON lines in ``<tools>`` in the system message (Qwen's default
+  system text when there is none), each call ``<tool_call>\\n{"name": ..., "arguments":
+  ...}\\n</tool_call>``, tool results as ``<tool_response>`` blocks in one user turn, and
+  each turn's text between the special tokens tokenized in one piece, as the template's
+  tokenizer does (tests/rl/test_tool_format.py compares the ids). The model answers text,
+  or ``<tool_call>`` blocks (after text or not), each block's JSON constrained by its
+  tool's schema and the text unable to contain ``<tool_call>``; the blocks are read by
+  tasks/replies.py. One difference from the template on purpose: message text is never
+  read as special tokens (a tool output that prints ``<|im_end|>`` stays text).
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ import json
 import re
 import threading
 import time
+import unicodedata
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -72,6 +86,23 @@ TOOLS_OUTRO = (
     '\n{ "arg1": "value1", "arg2": "value2" }'
 )
 MESSAGE_PREFIX = "message:\n"
+CHATML_FUNCTIONS = "chatml-function-calling"
+QWEN25 = "qwen2.5"
+TOOL_FORMATS = (CHATML_FUNCTIONS, QWEN25)
+DEFAULT_TOOL_FORMAT = CHATML_FUNCTIONS
+# TRL's qwen2_5_chat_template, its literal text
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+QWEN_TOOLS_INTRO = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+QWEN_TOOLS_OUTRO = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\n</tool_call>"
+)
+QWEN_CALL_OPEN = "<tool_call>"
+_WS_BEFORE_ANY = re.compile(r"(?<=\s)\s(?=\S)")  # the last of a whitespace run: cut before it if a number follows
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 # `{"type":"string"}` and friends: what json_schema_to_gbnf calls a JSON value of any kind
 JSON_VALUE_GBNF = r"""
@@ -146,15 +177,7 @@ def tools_grammar(tools: Sequence[dict[str, Any]], choice: str | None) -> str:
     alternatives = []
     for i, tool in enumerate(tools):
         fn = tool["function"]
-        params = fn.get("parameters") or {"type": "object"}
-        rule = f"args{i}"
-        if params in ({}, {"type": "object"}):
-            conv._add_rule(rule, "object")  # noqa: SLF001 (the converter's one way in)
-            for line in JSON_VALUE_GBNF.strip().splitlines()[1:]:
-                k, v = line.split(" ::= ", 1)
-                conv._add_rule(k.strip(), v)  # noqa: SLF001
-        else:
-            rule = _schema_rules(conv, params, rule, f"tool {fn['name']!r} parameters")
+        rule = _args_rule(conv, fn, f"args{i}")
         if choice in (None, "auto", "required") or choice == fn["name"]:
             alternatives.append(f"{conv._format_literal('functions.' + fn['name'] + ':' + chr(10))} {rule}")  # noqa: SLF001
     calls = " | ".join(alternatives)
@@ -169,6 +192,64 @@ def tools_grammar(tools: Sequence[dict[str, Any]], choice: str | None) -> str:
         f"tool-call ::= {calls}",
         _format(conv),
     ])
+
+
+def _without_rules(name: str, pattern: str) -> list[str]:
+    """GBNF rules: `name` is any text (no NUL) that does not contain `pattern` (the
+    pattern's matching automaton, one rule per matched prefix; deterministic)."""
+    def step(k: int, c: str) -> int:  # longest prefix of pattern ending text[:k] + c
+        t = pattern[:k] + c
+        return next(j for j in range(min(len(t), len(pattern)), -1, -1) if t.endswith(pattern[:j]))
+
+    def cls_char(c: str) -> str:
+        return "\\" + c if c in "^]-\\" else c
+
+    rules = []
+    for k in range(len(pattern)):
+        moves = {c: step(k, c) for c in sorted(set(pattern))}
+        alts = [f'"{json.dumps(c)[1:-1]}" {name}-{j}' for c, j in moves.items() if 0 < j < len(pattern)]
+        special = "".join(cls_char(c) for c, j in moves.items() if j != 0)
+        alts.insert(0, f"[^{special}\\x00] {name}-0")
+        rules.append(f"{name}-{k} ::= ( {' | '.join(alts)} )?")
+    return [f"{name} ::= {name}-0", *rules]
+
+
+def qwen_tools_grammar(tools: Sequence[dict[str, Any]], choice: str | None) -> str:
+    """`tools_grammar` in the qwen2.5 format: text that holds no ``<tool_call>``, or
+    ``<tool_call>`` blocks (after such text and a newline, or not) with each tool's
+    arguments; "required" or a tool's name: blocks only."""
+    conv = _converter()
+    alternatives = []
+    for i, tool in enumerate(tools):
+        fn = tool["function"]
+        rule = _args_rule(conv, fn, f"args{i}")
+        if choice in (None, "auto", "required") or choice == fn["name"]:
+            head = conv._format_literal(f'{QWEN_CALL_OPEN}\n{{"name": "{fn["name"]}", "arguments": ')  # noqa: SLF001
+            tail = conv._format_literal("}\n</tool_call>")  # noqa: SLF001
+            alternatives.append(f"{head} {rule} {tail}")
+    if choice in (None, "auto"):
+        root = 'root ::= tool-calls | msg-text | msg-text "\\n" tool-calls'
+    else:
+        root = "root ::= tool-calls"
+    return "\n".join([
+        root,
+        *_without_rules("msg-text", QWEN_CALL_OPEN),
+        'tool-calls ::= tool-call ("\\n" tool-call)*',
+        f"tool-call ::= {' | '.join(alternatives)}",
+        _format(conv),
+    ])
+
+
+def _args_rule(conv: Any, fn: dict[str, Any], rule: str) -> str:
+    """The rule of one tool's arguments (any JSON object when its schema says nothing)."""
+    params = fn.get("parameters") or {"type": "object"}
+    if params in ({}, {"type": "object"}):
+        conv._add_rule(rule, "object")  # noqa: SLF001 (the converter's one way in)
+        for line in JSON_VALUE_GBNF.strip().splitlines()[1:]:
+            k, v = line.split(" ::= ", 1)
+            conv._add_rule(k.strip(), v)  # noqa: SLF001
+        return rule
+    return str(_schema_rules(conv, params, rule, f"tool {fn['name']!r} parameters"))
 
 
 def check_grammar(vocab: Any, grammar: str) -> Any:
@@ -191,6 +272,7 @@ class ChatRequest:
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_specs: list[dict[str, Any]] = field(default_factory=list)  # each tool as sent (qwen2.5 renders it)
     tool_choice: str | None = None  # None/"auto" | "none" | "required" | a tool's name
     max_tokens: int | None = None
     temperature: float = 0.8
@@ -285,6 +367,7 @@ def parse_request(body: Any, n_vocab: int) -> ChatRequest:
             raise RequestError(f"tools[{i}]: a function whose name is 1-64 letters, digits, _ or -")
         req.tools.append({"function": {"name": fn["name"], "description": fn.get("description"),
                                        "parameters": fn.get("parameters") or {"type": "object"}}})
+        req.tool_specs.append(t)
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
@@ -446,9 +529,12 @@ class ChatEngine:
     """Slots over one GGUF file; thread-safe (each request takes a slot)."""
 
     def __init__(self, model_path: str, n_ctx: int = 8192, n_threads: int = 2, slots: int = 1,
-                 n_batch: int = 512, verbose: bool = False) -> None:
+                 n_batch: int = 512, verbose: bool = False, tool_format: str = DEFAULT_TOOL_FORMAT) -> None:
         import llama_cpp
 
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format {tool_format!r}: one of {', '.join(TOOL_FORMATS)}")
+        self.tool_format = tool_format
         self.n_ctx = n_ctx
         self.slots = [
             Slot(llama_cpp.Llama(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads,
@@ -520,6 +606,8 @@ class ChatEngine:
 
     def prompt_ids(self, req: ChatRequest) -> list[int]:
         """The request's prompt, message by message (see the module doc)."""
+        if self.tool_format == QWEN25:
+            return self.qwen_prompt_ids(req)
         with_tools = bool(req.tools) and req.tool_choice != "none"
         msgs = list(req.messages)
         if with_tools and not any(m["role"] == "system" for m in msgs):
@@ -544,6 +632,34 @@ class ChatEngine:
             ids += head + body_ids + end + nl
         ids += self.tokenize("<|im_start|>assistant\n", special=True)
         return ids
+
+    def tokenize_as_trained(self, text: str) -> list[int]:
+        """`text` tokenized as the training's tokenizer does (transformers' reading of the
+        GGUF file: GPT-2's byte-level split with no digit split of its own). llama.cpp's
+        smollm split takes digits out first, so a whitespace run before a digit is one
+        piece there and gives its last character to the digit in transformers ("\\n  1":
+        "\\n " + " " + "1", not "\\n  " + "1"); the text is cut there, then tokenized."""
+        cuts = [m.start() for m in _WS_BEFORE_ANY.finditer(text)
+                if unicodedata.category(text[m.start() + 1])[0] == "N"]  # \\p{N}, as both splits mean it
+        chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        return [t for chunk in chunks for t in self.tokenize(chunk, special=False)]
+
+    def qwen_prompt_ids(self, req: ChatRequest) -> list[int]:
+        """The qwen2.5 format's prompt: each turn's text between <|im_start|> and
+        <|im_end|> tokenized in one piece (as the template's tokenizer does), an assistant
+        turn this engine generated as the ids it sampled."""
+        start = self.tokenize("<|im_start|>", special=True, bos=self.add_bos)
+        im_start = start[-1:]
+        ids: list[int] = start[:-1]  # the BOS, if the model wants one
+        end = self.tokenize("<|im_end|>", special=True)
+        nl = self.tokenize("\n", special=False)
+        head = self.tokenize("assistant\n", special=False)
+        tools = req.tool_specs if req.tools and req.tool_choice != "none" else []
+        for text, body in qwen_turns(req.messages, tools):
+            exact = self._exact_ids(ids + im_start + head, body) if body is not None else None
+            turn = head + exact if exact is not None else self.tokenize_as_trained(text)
+            ids += im_start + turn + end + nl
+        return ids + im_start + head
 
     # ---- slots
     def _take_slot(self, prompt: Sequence[int], gone: Gone) -> Slot:
@@ -670,9 +786,10 @@ class ChatEngine:
         if always_token_ids:
             req.return_token_ids = req.logprobs = True
         with_tools = bool(req.tools) and req.tool_choice != "none"
+        qwen = self.tool_format == QWEN25
         grammar = None
         if with_tools:
-            grammar = tools_grammar(req.tools, req.tool_choice)
+            grammar = (qwen_tools_grammar if qwen else tools_grammar)(req.tools, req.tool_choice)
         elif req.json_mode:
             grammar = schema_grammar(req.schema)
         prompt = self.prompt_ids(req)
@@ -681,7 +798,8 @@ class ChatEngine:
         message: dict[str, Any] = {"role": "assistant", "content": gen.text}
         finish = gen.finish_reason
         if with_tools:
-            content, calls = parse_tool_text(gen.text, [t["function"]["name"] for t in req.tools])
+            names = [t["function"]["name"] for t in req.tools]
+            content, calls = (qwen_parse(gen.text) if qwen else parse_tool_text(gen.text, names))
             message["content"] = content
             if calls:
                 message["tool_calls"] = [
@@ -690,8 +808,8 @@ class ChatEngine:
                 ]
                 if finish == "stop":
                     finish = "tool_calls"
-            remembered = self.assistant_body(
-                {"content": content or "", "tool_calls": [{"name": n, "arguments": a} for n, a in calls]}, True)
+            turn = {"content": content or "", "tool_calls": [{"name": n, "arguments": a} for n, a in calls]}
+            remembered = qwen_assistant_body(turn) if qwen else self.assistant_body(turn, True)
         else:
             remembered = self.assistant_body({"content": gen.text}, False)
         body_ids = gen.completion_ids
@@ -760,3 +878,66 @@ def parse_tool_text(text: str, names: Sequence[str]) -> tuple[str | None, list[t
         end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
         calls.append((m.group(1), text[m.end():end]))
     return None, calls
+
+
+# --------------------------------------------------------------------------- qwen2.5
+def _tojson(value: Any) -> str:
+    """The template's `tojson` filter (transformers': json.dumps, non-ASCII kept)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def qwen_call_block(name: str, arguments: str) -> str:
+    """One tool call as the template renders it; arguments that are JSON are rendered as
+    the value they are (the trainer's calls hold objects), others as the string."""
+    try:
+        value: Any = json.loads(arguments)
+    except ValueError:
+        value = arguments
+    return f'{QWEN_CALL_OPEN}\n{{"name": "{name}", "arguments": {_tojson(value)}}}\n</tool_call>'
+
+
+def qwen_assistant_body(msg: dict[str, Any]) -> str:
+    """An assistant turn's text after ``<|im_start|>assistant\\n``: its content, then
+    each call's block on a line of its own."""
+    parts = [msg["content"]] if msg.get("content") else []
+    parts += [qwen_call_block(c["name"], c["arguments"]) for c in msg.get("tool_calls") or []]
+    return "\n".join(parts)
+
+
+def qwen_turns(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    """The turns TRL's qwen2_5_chat_template renders for `messages` and `tools`, each as
+    (its text between <|im_start|> and <|im_end|>, the assistant body or None)."""
+    first_system = bool(messages) and messages[0]["role"] == "system"
+    system = messages[0]["content"] if first_system else QWEN_SYSTEM
+    if tools:
+        system += QWEN_TOOLS_INTRO + "".join("\n" + _tojson(t) for t in tools) + QWEN_TOOLS_OUTRO
+    turns: list[tuple[str, str | None]] = [("system\n" + system, None)]
+    previous = None
+    for m in messages[1 if first_system else 0:]:
+        if m["role"] == "tool":
+            block = f"\n<tool_response>\n{m['content']}\n</tool_response>"
+            if previous == "tool":  # consecutive results share one user turn
+                turns[-1] = (turns[-1][0] + block, None)
+            else:
+                turns.append(("user" + block, None))
+        elif m["role"] == "assistant":
+            body = qwen_assistant_body(m)
+            turns.append(("assistant\n" + body, body))
+        else:
+            turns.append((f"{m['role']}\n{m['content']}", None))
+        previous = m["role"]
+    return turns
+
+
+def qwen_parse(text: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """(content, [(tool name, arguments text)]) of a turn generated in the qwen2.5 format:
+    the ``<tool_call>`` blocks as tasks/replies.py reads them, the text before them the
+    content (None when there is none)."""
+    from tasks.replies import parse_text_tool_calls
+
+    calls = parse_text_tool_calls(text, "hermes")
+    if not calls:
+        return text, []
+    content = text[: text.find(QWEN_CALL_OPEN)]
+    content = content[:-1] if content.endswith("\n") else content
+    return content or None, [(c.name, c.arguments) for c in calls]

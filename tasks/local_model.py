@@ -43,15 +43,19 @@ class LocalModelError(RuntimeError):
 
 _GGUF: Path | None = None  # the application's local_gguf setting (SANDFLOW_LOCAL_GGUF)
 _ALIAS: str | None = None  # the name it is served (and recorded) under; None: DEFAULT_ALIAS
+_TOOL_FORMAT: str | None = None  # tasks.local_chat.TOOL_FORMATS; None: its default
 
 
-def configure(gguf: Path | str | None, alias: str | None = None) -> None:
+def configure(gguf: Path | str | None, alias: str | None = None, tool_format: str | None = None) -> None:
     """Use this .gguf file for the embedded model (None: the packaged SmolLM2), served as
     `alias` (None: DEFAULT_ALIAS; a trained checkpoint gets its own name, so its runs do
-    not read as the base model's)."""
-    global _GGUF, _ALIAS
+    not read as the base model's), its tools rendered in `tool_format` (None: the
+    engine's default, llama-cpp-python's chatml-function-calling; "qwen2.5": the format
+    `sandflow train` trains in)."""
+    global _GGUF, _ALIAS, _TOOL_FORMAT
     _GGUF = Path(gguf) if gguf else None
     _ALIAS = alias
+    _TOOL_FORMAT = tool_format
 
 
 def find_gguf() -> Path:
@@ -96,6 +100,7 @@ class LocalModelServer:
         max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
         slots: int = 2,
         token_ids: str = "always",
+        tool_format: str | None = None,
     ) -> None:
         self.gguf = gguf
         self.port = port
@@ -112,6 +117,7 @@ class LocalModelServer:
         # "always": every reply carries its exact token ids and logprobs (so every run on
         # the embedded model has token rows); "asked": only with return_token_ids (vLLM)
         self.token_ids = token_ids
+        self.tool_format = tool_format  # None: the engine's default
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -131,6 +137,7 @@ class LocalModelServer:
             "--token-ids", self.token_ids,
             "--n_threads", str(self.n_threads),
             "--verbose", "False",
+            *(["--tool-format", self.tool_format] if self.tool_format else []),
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
@@ -219,6 +226,6 @@ def endpoint(cfg: ModelConfig) -> Iterator[ModelConfig]:
     if cfg.base_url:
         yield cfg
         return
-    with LocalModelServer(alias=_ALIAS or DEFAULT_ALIAS) as server:
+    with LocalModelServer(alias=_ALIAS or DEFAULT_ALIAS, tool_format=_TOOL_FORMAT) as server:
         update: dict[str, object] = {"base_url": server.base_url, "model": server.alias}
         yield cfg.model_copy(update=update)

@@ -14,7 +14,8 @@ CPU. Two bounds, both inside the server process:
   ``max_tokens=None``: a call asking for 512 tokens generated 3,068 in 190 s. The
   engine makes one generation per request, bounded.)
 
-Run as ``python -m tasks.local_model_app --model F.gguf --max-tokens-cap N [--slots N]``;
+Run as ``python -m tasks.local_model_app --model F.gguf --max-tokens-cap N [--slots N]
+[--tool-format chatml-function-calling|qwen2.5]``;
 tasks/local_model.py starts it. Prompt evaluation itself is not interruptible (it is
 bounded by the context size).
 """
@@ -237,7 +238,7 @@ def create_app(engine: Any, alias: str, max_tokens_cap: int, always_token_ids: b
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    from tasks.local_chat import ChatEngine
+    from tasks.local_chat import DEFAULT_TOOL_FORMAT, TOOL_FORMATS, ChatEngine
 
     p = argparse.ArgumentParser(description="sandflow's embedded model server")
     p.add_argument("--max-tokens-cap", type=int, default=1024)
@@ -252,6 +253,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--token-ids", choices=("asked", "always"), default="asked",
                    help="return prompt/completion token ids and logprobs when asked (vLLM's "
                    "return_token_ids) or on every reply")
+    p.add_argument("--tool-format", choices=TOOL_FORMATS, default=DEFAULT_TOOL_FORMAT,
+                   help="how tools, tool calls and results are rendered (tasks/local_chat.py)")
     p.add_argument("--verbose", default="False")
     args = p.parse_args(argv)
     if args.max_tokens_cap < 1:
@@ -259,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     if not 1 <= args.slots <= 16:
         raise SystemExit("--slots must be between 1 and 16")
     engine = ChatEngine(args.model, n_ctx=args.n_ctx, n_threads=args.n_threads, slots=args.slots,
-                        n_batch=args.n_batch, verbose=args.verbose.lower() == "true")
+                        n_batch=args.n_batch, verbose=args.verbose.lower() == "true", tool_format=args.tool_format)
     app = create_app(engine, args.model_alias, args.max_tokens_cap, args.token_ids == "always")
     wrapped = CancelOnDisconnect(
         app, args.max_tokens_cap, log=lambda m: print(m, file=sys.stderr, flush=True)

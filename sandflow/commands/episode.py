@@ -27,6 +27,7 @@ from tasks.defaults import (
     DEFAULT_TEMPERATURE,
     DEFAULT_WALL_CLOCK_S,
 )
+from tasks.local_chat import DEFAULT_TOOL_FORMAT, TOOL_FORMATS
 from tasks.replies import read_arguments
 
 
@@ -36,6 +37,10 @@ class ModeChoice(StrEnum):
 
 
 # The registered sandbox backends (sandbox/backends.py), as typer's choices.
+# The embedded engine's tool formats (tasks/local_chat.py), as typer's choices.
+ToolFormatChoice = StrEnum("ToolFormatChoice", {f: f for f in TOOL_FORMATS})  # type: ignore[misc]
+
+
 BackendChoice = StrEnum("BackendChoice", {name: name for name in backend_names()})  # type: ignore[misc]
 
 
@@ -381,6 +386,7 @@ def serve(
     n_ctx: int = typer.Option(8192, "--n-ctx", min=512, help="Context window in tokens."),
     alias: str = typer.Option("smollm2-135m-instruct", "--alias", help="Model name the server answers to."),
     slots: int = typer.Option(1, "--slots", min=1, max=16, help="Requests served at once (llama.cpp contexts, each with its prefix cache; the threads are split between them)."),
+    tool_format: ToolFormatChoice = typer.Option(DEFAULT_TOOL_FORMAT, "--tool-format", help="How tools, calls and results are rendered: llama-cpp-python's chatml-function-calling, or qwen2.5 (TRL's Qwen2.5 template: what `sandflow train` trains in)."),
 ) -> None:
     """Run the embedded model (SmolLM2-135M, llama.cpp, tool calling) in the foreground.
 
@@ -391,7 +397,8 @@ def serve(
     from tasks.local_model import LocalModelError, LocalModelServer
 
     threads = max(1, min(4, os.cpu_count() or 1) // slots)
-    server = LocalModelServer(port=port or None, alias=alias, n_ctx=n_ctx, slots=slots, n_threads=threads)
+    server = LocalModelServer(port=port or None, alias=alias, n_ctx=n_ctx, slots=slots, n_threads=threads,
+                              tool_format=str(tool_format))
     try:
         server.start()
     except LocalModelError as exc:

@@ -179,7 +179,7 @@ def serve_checkpoint(checkpoint: Path, base_url: str | None) -> str:
     import json
     import time
 
-    from rl.export_gguf import CheckpointError, export_gguf
+    from rl.export_gguf import CheckpointError, export_gguf, trained_tool_format
     from sandflow.errors import EXIT_USAGE, err_console, fail
     from tasks import local_model
 
@@ -190,14 +190,16 @@ def serve_checkpoint(checkpoint: Path, base_url: str | None) -> str:
     t = time.monotonic()
     try:
         gguf = export_gguf(checkpoint)
+        tool_format = trained_tool_format(checkpoint)
     except (CheckpointError, local_model.LocalModelError) as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     run = checkpoint.name
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # no mark: the folder's name
         run = f"{json.loads((checkpoint / 'sandflow_policy.json').read_text())['training_run']}/{checkpoint.name}"
     alias = f"{local_model.DEFAULT_ALIAS}@{run}"[:200]
-    local_model.configure(gguf, alias=alias)
-    err_console().print(f"checkpoint {checkpoint} as {gguf} ({time.monotonic() - t:.1f}s), served as {alias}",
+    local_model.configure(gguf, alias=alias, tool_format=tool_format)
+    err_console().print(f"checkpoint {checkpoint} as {gguf} ({time.monotonic() - t:.1f}s), served as {alias} "
+                        f"(tools in the {tool_format} format it was trained in)",
                         soft_wrap=True, highlight=False)
     return alias
 
