@@ -59,15 +59,16 @@ def test_the_engine_is_under_every_entry_point_and_above_the_episode() -> None:
     assert "engine" in no_prefect["source_modules"]
 
 
+def _sources(folder: Path) -> list[Path]:
+    """The project's modules under `folder`: not what a run left there in a hidden folder
+    (benchmarks/.peer-venv holds the peer's whole venv: 10,000 modules of other projects)."""
+    return sorted(p for p in folder.rglob("*.py") if not any(part.startswith(".") for part in p.relative_to(REPO).parts))
+
+
 def _library_sources() -> list[Path]:
     """Every shipped module outside sandbox/ (the backends' own home)."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
-    return sorted(
-        path
-        for pkg in config["root_packages"]
-        if pkg != "sandbox"
-        for path in (REPO / pkg).rglob("*.py")
-    )
+    return sorted(path for pkg in config["root_packages"] if pkg != "sandbox" for path in _sources(REPO / pkg))
 
 
 def _names_a_backend(node: object) -> bool:
@@ -118,7 +119,7 @@ def test_no_function_is_longer_than_a_screenful_or_two() -> None:
     import ast
 
     long = []
-    for path in _library_sources() + sorted((REPO / "sandbox").rglob("*.py")):
+    for path in _library_sources() + _sources(REPO / "sandbox"):
         if path.name == "_helper.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -182,7 +183,7 @@ def test_a_run_description_is_built_by_its_one_builder() -> None:
     )
     assert len(_run_descriptions_built(planted, "planted.py")) == 5  # the check can fail
     found = []
-    sources = _library_sources() + sorted((REPO / "sandbox").rglob("*.py")) + sorted((REPO / "benchmarks").rglob("*.py"))
+    sources = _library_sources() + _sources(REPO / "sandbox") + _sources(REPO / "benchmarks")
     for path in sources:
         if path == REPO / "tasks" / "spec.py":
             continue
