@@ -91,7 +91,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     yield
     # A grouping that silently does nothing splits shared fixtures and machine-wide tests
     # across workers (seen with pytest 9.2, whose node ids pytest-xdist 3.8 cannot suffix).
-    if xdist and config.getvalue("loadgroup") and getattr(config, "workerinput", None) is not None:
+    if xdist and config.getoption("loadgroup", default=False) and getattr(config, "workerinput", None) is not None:
         lost = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
         if lost:
             raise pytest.UsageError(
