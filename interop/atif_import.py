@@ -56,7 +56,7 @@ import ijson
 
 from datasets_prep.task import Task, TaskSet
 from interop.names import safe_name
-from interop.peer_import import PeerFormatError, _open, _read_json, _score
+from interop.peer_import import PeerFormatError, finish_import, open_in_folder, read_small_json
 from interop.summary import Summary
 from tasks.records import EpisodeRecord, Observation, ToolCall, TurnRecord, Usage, episode_key
 from warehouse import Warehouse
@@ -158,7 +158,7 @@ def _answer(folder: Path) -> str | None:
     """verifier/answer.txt's head (MAX_ANSWER_BYTES), or None when the trial kept none."""
     if not (folder / "verifier" / "answer.txt").exists():
         return None
-    fd, _ = _open(folder, "verifier/answer.txt", 1 << 62, "")
+    fd, _ = open_in_folder(folder, "verifier/answer.txt", 1 << 62, "")
     with os.fdopen(fd, "rb") as f:
         return f.read(MAX_ANSWER_BYTES).decode("utf-8", "replace").strip()
 
@@ -167,7 +167,7 @@ def read_trial(folder: Path, tasks: dict[str, Task]) -> Trial:
     """Read and check one trial folder (nothing is written). `tasks`: the task set's tasks
     by the name `sandflow export harbor` gave them (`sandflow/<safe task id>`)."""
     where = str(folder / "result.json")
-    result = _read_json(folder, "result.json", MAX_RESULT_BYTES)
+    result = read_small_json(folder, "result.json", MAX_RESULT_BYTES)
     if not isinstance(result, dict):
         raise HarborFormatError(f"{where}: expected Harbor's trial result (an object), got {type(result).__name__}")
     if result.get("step_results"):
@@ -228,7 +228,7 @@ def atif_steps(folder: Path, max_step_bytes: int = MAX_STEP_BYTES) -> Iterator[d
     """The ATIF steps of `folder/agent/trajectory.json`, one at a time (ijson), each
     bounded in bytes and nesting; the schema_version must be an ATIF one."""
     path = folder / "agent" / "trajectory.json"
-    fd, _ = _open(folder, "agent/trajectory.json", MAX_TRAJECTORY_BYTES, "trajectory.json as a whole")
+    fd, _ = open_in_folder(folder, "agent/trajectory.json", MAX_TRAJECTORY_BYTES, "trajectory.json as a whole")
     stream = _Counted(fd, path, max_step_bytes)
     try:
         builder: Any = None
@@ -428,12 +428,8 @@ def import_harbor(
                 summary.lose(NO_TRAJECTORY)
     finally:
         writer.close()
-    wh.finish_run(run_id, status="finished")
-    summary.files = len(trials)
-    summary.head = f"import harbor: {len(trials)} trial(s) in {folder} -> {summary.episodes} episodes of run {run_id}"
-    _score(wh, run_id, {t.id: t for t in tasks.tasks}, summary)
-    summary.extra["run_id"] = run_id
-    return summary
+    head = f"import harbor: {len(trials)} trial(s) in {folder} -> {summary.episodes} episodes of run {run_id}"
+    return finish_import(wh, run_id, summary, {t.id: t for t in tasks.tasks}, files=len(trials), head=head)
 
 
 def _default_run_id(folder: Path) -> str:

@@ -107,7 +107,7 @@ class PeerRun:
             yield pid, item
 
 
-def _open(folder: Path, name: str, limit: int, what: str) -> tuple[int, os.stat_result]:
+def open_in_folder(folder: Path, name: str, limit: int, what: str) -> tuple[int, os.stat_result]:
     """An fd of the regular file `folder/name`, under the path rules of datasets_prep.paths
     (no symlink out of `folder`, only a regular file, the opened file checked to be
     inside), and its stat; refused when over `limit` bytes (`what` names the bound)."""
@@ -127,9 +127,9 @@ def _open(folder: Path, name: str, limit: int, what: str) -> tuple[int, os.stat_
         raise PeerFormatError(f"{path}: cannot read ({exc.strerror})") from None
 
 
-def _read_json(folder: Path, name: str, limit: int) -> Any:
+def read_small_json(folder: Path, name: str, limit: int) -> Any:
     """A small JSON file of the folder (results.json), read whole under `limit`."""
-    fd, st = _open(folder, name, limit, "the most read whole")
+    fd, st = open_in_folder(folder, name, limit, "the most read whole")
     with os.fdopen(fd, "rb") as f:
         data = f.read(st.st_size + 1)  # its size (bounded above), not a limit-sized buffer
         if len(data) > st.st_size:  # it grew after the check: read on, still bounded
@@ -183,7 +183,7 @@ def _problems(folder: Path, max_problem_bytes: int, expect: os.stat_result | Non
     """(problem id, its object) from `folder/trajectory.json`, one at a time, each checked.
     `expect`: the file's stat from the first pass (a file swapped between passes is refused)."""
     path = folder / "trajectory.json"
-    fd, st = _open(folder, "trajectory.json", MAX_TRAJECTORY_BYTES, "trajectory.json as a whole")
+    fd, st = open_in_folder(folder, "trajectory.json", MAX_TRAJECTORY_BYTES, "trajectory.json as a whole")
     try:
         if expect is not None and (st.st_ino, st.st_size, st.st_mtime_ns) != (expect.st_ino, expect.st_size, expect.st_mtime_ns):
             raise PeerFormatError(f"{path}: changed while it was being imported")
@@ -293,7 +293,7 @@ def read_run(folder: Path, *, max_problem_bytes: int = MAX_PROBLEM_BYTES) -> Pee
     """Read and check one output folder (nothing is written): results.json whole,
     trajectory.json streamed problem by problem; keeps the problem ids and, for
     building tasks, each problem's statement and ground truth."""
-    res = _read_json(folder, "results.json", MAX_RESULTS_BYTES)
+    res = read_small_json(folder, "results.json", MAX_RESULTS_BYTES)
     if not isinstance(res, dict) or not isinstance(res.get("config"), dict):
         raise PeerFormatError(f"{folder / 'results.json'}: without its `config` object")
     config = res["config"]
@@ -303,7 +303,7 @@ def read_run(folder: Path, *, max_problem_bytes: int = MAX_PROBLEM_BYTES) -> Pee
     heads: dict[str, dict[str, Any]] = {}
     for pid, item in _problems(folder, max_problem_bytes):
         heads[pid] = {"problem_statement": item.get("problem_statement"), "ground_truth": item.get("ground_truth")}
-    fd, stat = _open(folder, "trajectory.json", MAX_TRAJECTORY_BYTES, "trajectory.json as a whole")
+    fd, stat = open_in_folder(folder, "trajectory.json", MAX_TRAJECTORY_BYTES, "trajectory.json as a whole")
     os.close(fd)
     m = _STAMP.match(folder.name)
     try:
@@ -502,10 +502,17 @@ def import_peer(
                     summary.lose(NO_SYSTEM_PROMPT)
     finally:
         writer.close()
+    head = f"import llm-in-sandbox: {len(runs)} folder(s) in {folder} -> {summary.episodes} episodes of run {run_id}"
+    return finish_import(wh, run_id, summary, known or built, files=len(runs), head=head)
+
+
+def finish_import(wh: Warehouse, run_id: str, summary: Summary, tasks: dict[str, Task], *, files: int, head: str) -> Summary:
+    """The end of every import of another tool's episodes (this module's, interop.atif_import's):
+    the run finished, the summary's head, every answer scored by sandflow's verifiers."""
     wh.finish_run(run_id, status="finished")
-    summary.files = len(runs)
-    summary.head = f"import llm-in-sandbox: {len(runs)} folder(s) in {folder} -> {summary.episodes} episodes of run {run_id}"
-    _score(wh, run_id, known or built, summary)
+    summary.files = files
+    summary.head = head
+    _score(wh, run_id, tasks, summary)
     summary.extra["run_id"] = run_id
     return summary
 

@@ -174,13 +174,10 @@ def tools_grammar(tools: Sequence[dict[str, Any]], choice: str | None) -> str:
     """The grammar of one assistant turn with `tools`: a message or tool calls (`choice`
     "auto"), calls only ("required"), or a call of the one tool named by `choice`."""
     conv = _converter()
-    alternatives = []
-    for i, tool in enumerate(tools):
-        fn = tool["function"]
-        rule = _args_rule(conv, fn, f"args{i}")
-        if choice in (None, "auto", "required") or choice == fn["name"]:
-            alternatives.append(f"{conv._format_literal('functions.' + fn['name'] + ':' + chr(10))} {rule}")  # noqa: SLF001
-    calls = " | ".join(alternatives)
+    calls = " | ".join(
+        f"{conv._format_literal('functions.' + name + ':' + chr(10))} {rule}"  # noqa: SLF001
+        for name, rule in _call_rules(conv, tools, choice)
+    )
     if choice in (None, "auto"):
         root = f'root ::= {conv._format_literal(MESSAGE_PREFIX)} msg-text | tool-calls'  # noqa: SLF001
     else:
@@ -219,14 +216,11 @@ def qwen_tools_grammar(tools: Sequence[dict[str, Any]], choice: str | None) -> s
     ``<tool_call>`` blocks (after such text and a newline, or not) with each tool's
     arguments; "required" or a tool's name: blocks only."""
     conv = _converter()
+    tail = conv._format_literal("}\n</tool_call>")  # noqa: SLF001
     alternatives = []
-    for i, tool in enumerate(tools):
-        fn = tool["function"]
-        rule = _args_rule(conv, fn, f"args{i}")
-        if choice in (None, "auto", "required") or choice == fn["name"]:
-            head = conv._format_literal(f'{QWEN_CALL_OPEN}\n{{"name": "{fn["name"]}", "arguments": ')  # noqa: SLF001
-            tail = conv._format_literal("}\n</tool_call>")  # noqa: SLF001
-            alternatives.append(f"{head} {rule} {tail}")
+    for name, rule in _call_rules(conv, tools, choice):
+        head = conv._format_literal(f'{QWEN_CALL_OPEN}\n{{"name": "{name}", "arguments": ')  # noqa: SLF001
+        alternatives.append(f"{head} {rule} {tail}")
     if choice in (None, "auto"):
         root = 'root ::= tool-calls | msg-text | msg-text "\\n" tool-calls'
     else:
@@ -238,6 +232,13 @@ def qwen_tools_grammar(tools: Sequence[dict[str, Any]], choice: str | None) -> s
         f"tool-call ::= {' | '.join(alternatives)}",
         _format(conv),
     ])
+
+
+def _call_rules(conv: Any, tools: Sequence[dict[str, Any]], choice: str | None) -> list[tuple[str, str]]:
+    """(name, arguments rule) of each tool a turn may call under `choice` (every tool's
+    arguments rule is defined, so the rule names stay the same whatever the choice)."""
+    rules = [(t["function"]["name"], _args_rule(conv, t["function"], f"args{i}")) for i, t in enumerate(tools)]
+    return [(name, rule) for name, rule in rules if choice in (None, "auto", "required") or choice == name]
 
 
 def _args_rule(conv: Any, fn: dict[str, Any], rule: str) -> str:

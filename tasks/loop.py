@@ -57,8 +57,7 @@ from tasks.react import react
 from tasks.records import Mode, NullRecorder, Recorder
 from tasks.stepped import SteppedEpisode
 
-# What other modules import from here (tasks.replay the private three, a test one).
-_End, _open_sandbox, _sandbox_config = End, open_sandbox, sandbox_config
+# What other modules import from here.
 __all__ = [
     "CancelCheck",
     "EpisodePrefix",
@@ -67,9 +66,6 @@ __all__ = [
     "Limits",
     "SteppedEpisode",
     "TurnBudget",
-    "_End",
-    "_open_sandbox",
-    "_sandbox_config",
     "load_task_prompts",
     "place_inputs",
     "run_episode",

@@ -44,6 +44,7 @@ from typing import Any
 from datasets_prep.task import Task
 from sandbox.base import Sandbox, SandboxConfig, SandboxError
 from tasks.conversation import episode_messages
+from tasks.episode import End
 from tasks.loop import (
     CancelCheck,
     EpisodePrefix,
@@ -51,14 +52,12 @@ from tasks.loop import (
     EventHook,
     Limits,
     TurnBudget,
-    _End,
-    _open_sandbox,
-    _sandbox_config,
     load_task_prompts,
     place_inputs,
     run_episode,
 )
 from tasks.model import ModelClient, ModelConfig
+from tasks.opening import open_sandbox, sandbox_config
 from tasks.records import EpisodeRecord, Observation, Recorder, TurnRecord, episode_key
 from tasks.tools import ToolBox
 
@@ -336,8 +335,8 @@ def replay_episode(
         started_at=datetime.now(UTC),
     )  # fmt: skip
     try:
-        sandbox = _open_sandbox(_sandbox_config(sandbox_cfg, stub, task))
-    except _End as end:
+        sandbox = open_sandbox(sandbox_config(sandbox_cfg, stub, task))
+    except End as end:
         raise ReplayError(end.error or "could not open the sandbox") from None
     try:
         try:

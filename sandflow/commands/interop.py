@@ -218,16 +218,7 @@ def import_peer_cmd(
     with _bad_input():
         bound = {"max_problem_bytes": max_problem_bytes} if max_problem_bytes else {}
         summary = import_peer(_root(warehouse), folder, run_id=run_id, tasks=ts, **bound)
-    _report(summary)
-    x = summary.extra
-    console().print(
-        f"run {x['run_id']}: {x['scored']} scored by sandflow's verifiers "
-        f"({x['agree_with_peer']} agree with the peer's reward, {x['disagree_with_peer']} differ)",
-        soft_wrap=True,
-        markup=False,
-    )
-    for p in x.get("scoring_problems") or []:
-        err_console().print(f"[yellow]warning:[/] {p}", soft_wrap=True, markup=False)
+    _report_scored(summary, "the peer's")
 
 
 @import_app.command("harbor")
@@ -259,11 +250,19 @@ def import_harbor_cmd(
         raise fail(f"--tasks {tasks}: {exc}", EXIT_USAGE) from None
     with _bad_input():
         summary = import_harbor(_root(warehouse), folder, tasks=ts, run_id=run_id)
+    _report_scored(summary, "Harbor's")
+
+
+def _report_scored(summary: object, whose: str) -> None:
+    """An import's summary, then how sandflow's verifiers scored it against `whose` reward."""
+    from interop.summary import Summary
+
     _report(summary)
+    assert isinstance(summary, Summary)
     x = summary.extra
     console().print(
         f"run {x['run_id']}: {x['scored']} scored by sandflow's verifiers "
-        f"({x['agree_with_peer']} agree with Harbor's reward, {x['disagree_with_peer']} differ)",
+        f"({x['agree_with_peer']} agree with {whose} reward, {x['disagree_with_peer']} differ)",
         soft_wrap=True,
         markup=False,
     )

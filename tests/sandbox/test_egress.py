@@ -663,7 +663,8 @@ def test_network_spec_per_run_and_per_task() -> None:
     """One string carries the policy (a flag, SANDFLOW_NETWORK, a task's metadata.network);
     a task's metadata overrides the run's policy for its episodes."""
     from datasets_prep.task import Task
-    from tasks.loop import _End, _sandbox_config
+    from tasks.episode import End as _End
+    from tasks.opening import sandbox_config as _sandbox_config
     from tasks.records import EpisodeRecord
 
     lim = SandboxLimits(network="allowlist:pypi.org *.pythonhosted.org:443;10.0.0.0/8:80,8080")
