@@ -7,6 +7,7 @@ mode), no analytics, and a startup timeout that suits a 2-core machine.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -98,6 +99,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"pytest-xdist did not group {len(lost)} tests (e.g. {lost[0]}): this pytest and "
                 "pytest-xdist do not work together; install the versions pyproject.toml's dev extra pins"
             )
+
+
+@pytest.fixture(autouse=True)
+def _no_event_loop_left_running() -> Iterator[None]:
+    """A test that leaves an asyncio loop marked running in its thread breaks every later
+    `asyncio.run` on that worker (seen in CI: tests/rl/test_batch_run.py, under xdist's
+    groups); this names the test that left it, not the one that trips on it."""
+    yield
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    pytest.fail(f"this test left an event loop running in the main thread: {loop!r}")
 
 
 @pytest.fixture(scope="session")
