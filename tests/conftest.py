@@ -101,17 +101,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
 
 
-@pytest.fixture(autouse=True)
-def _no_event_loop_left_running() -> Iterator[None]:
-    """A test that leaves an asyncio loop marked running in its thread breaks every later
-    `asyncio.run` on that worker (seen in CI: tests/rl/test_batch_run.py, under xdist's
-    groups); this names the test that left it, not the one that trips on it."""
-    yield
+def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
-        loop = asyncio.get_running_loop()
+        return asyncio.get_running_loop()
     except RuntimeError:
-        return
-    pytest.fail(f"this test left an event loop running in the main thread: {loop!r}")
+        return None
+
+
+@pytest.fixture(autouse=True)
+def _no_event_loop_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that leaves an asyncio loop marked running in the main thread breaks every
+    later `asyncio.run` on that worker (seen in CI: tests/rl/test_batch_run.py, after the
+    viewer's browser tests on the same worker). This names the test that started it, not
+    the ones that trip on it. Playwright's sync API runs its loop in the main thread while
+    `browser` (tests/viewer/conftest.py, package scope) lives: its tests are exempt."""
+    before = _running_loop()
+    yield
+    after = _running_loop()
+    if after is not None and after is not before and "browser" not in request.fixturenames:
+        pytest.fail(f"this test left an event loop running in the main thread: {after!r}")
 
 
 @pytest.fixture(scope="session")

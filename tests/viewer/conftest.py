@@ -179,8 +179,11 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(short_tmp: Path) -> Iterator[Any]:
+    """One Chromium for the viewer's tests. Package scope, not session: Playwright's sync
+    API keeps an asyncio loop running in the main thread while it lives, and every later
+    `asyncio.run` in that thread (another package's test on this worker) would refuse."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
