@@ -134,12 +134,13 @@ def main() -> None:
     import torch
 
     from rl.recording import RolloutTags
-    from rl.train import SMALL_PROMPTS, TrainConfig, load_policy, make_trainer
+    from rl.train import TrainConfig, load_policy, make_trainer
     from rl.trl_env import RolloutSession
     from rl.warmup import warm_up
     from sandbox.base import SandboxConfig, SandboxLimits
     from sandbox.pool import pool_for
     from tasks.loop import Limits
+    from tasks.prompts import PROMPT_SETS
     from warehouse.store import Warehouse
 
     torch.set_num_threads(a.threads)
@@ -150,7 +151,7 @@ def main() -> None:
     warm_losses: list[float] = []
     if a.warmup:
         t = time.perf_counter()
-        warm_losses = warm_up(model, tok, steps=a.warmup, threads=a.threads, prompt_dir=str(SMALL_PROMPTS))
+        warm_losses = warm_up(model, tok, steps=a.warmup, threads=a.threads, prompt_dir=str(PROMPT_SETS["small"]))
         print(f"warm-up: {a.warmup} steps in {time.perf_counter() - t:.1f}s, loss "
               f"{warm_losses[0]:.3f} -> {warm_losses[-1]:.3f}", flush=True)
 
@@ -165,7 +166,7 @@ def main() -> None:
         limits=Limits(max_steps=5, wall_clock_s=1800),
         tags=RolloutTags(training_run="bench-train"),
         policy="smollm2-135m-instruct",
-        prompt_dir=SMALL_PROMPTS,
+        prompt_dir=PROMPT_SETS["small"],
     )
     pool_for(session.sandbox).prewarm(a.prompts_per_step * a.generations, wait=True)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -56,7 +56,7 @@ from interop.names import atomic_open, prepare_out, safe_name
 from interop.source import Episode, RunSource, quote
 from interop.summary import Summary
 from tasks.conversation import tools_of, turn_parts
-from tasks.records import TurnRecord
+from tasks.records import EpisodeRecord, TurnRecord
 
 LOG_VERSION = 2  # EvalLog.version inspect-ai 0.3.x writes and reads
 _STOP = {"stop": "stop", "tool_calls": "tool_calls", "length": "max_tokens", "content_filter": "content_filter"}
@@ -127,9 +127,10 @@ def messages(ep: Episode) -> tuple[list[dict[str, Any]], list[int]]:
     return out, starts
 
 
-def _tool_infos(mode: str) -> list[dict[str, Any]]:
+def _tool_infos(e: EpisodeRecord) -> list[dict[str, Any]]:
     """The tools the model was offered, as Inspect's ToolInfo (sandbox mode: the three)."""
-    return [{k: f["function"].get(k) for k in ("name", "description", "parameters")} for f in tools_of(mode)]
+    return [{k: f["function"].get(k) for k in ("name", "description", "parameters")}
+            for f in tools_of(e.mode, e.config)]
 
 
 def _at(t0: datetime | None, seconds: float) -> str | None:
@@ -142,7 +143,7 @@ def events(ep: Episode, msgs: list[dict[str, Any]], starts: list[int], score: di
     tool event per tool call, a score event for the verdict."""
     e = ep.record
     out: list[dict[str, Any]] = []
-    tools = _tool_infos(e.mode)
+    tools = _tool_infos(e)
     elapsed = 0.0  # working time since the episode's start
 
     def new(kind: str, at: datetime | None, **fields: Any) -> dict[str, Any]:

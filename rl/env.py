@@ -48,8 +48,8 @@ from rl.toolcalls import ToolCallFormat, reply_from_action
 from sandbox.base import SandboxConfig, SandboxError
 from tasks.loop import Limits, SteppedEpisode
 from tasks.model import ModelConfig
+from tasks.prompts import load_prompts
 from tasks.records import INFRA_TERMINATIONS, EpisodeRecord, NullRecorder, Recorder, Termination
-from tasks.tools import TOOL_SCHEMAS
 
 ObservationRole = Literal["tool", "user"]
 
@@ -116,7 +116,14 @@ def default_run_id(tags: RolloutTags) -> str:
 class SandboxEnv(ClosedOnExit):
     """One episode at a time in one sandbox; reuse the object for the next episode."""
 
-    tools: list[dict[str, Any]] = TOOL_SCHEMAS
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tool schemas to render for the policy: the current episode's prompt set's
+        (before the first reset: the prompt folder's), the ones its episodes record."""
+        ep = getattr(self, "episode", None)
+        if ep is not None:
+            return ep.tools
+        return load_prompts("general", self.prompt_dir).tools
 
     def __init__(
         self,

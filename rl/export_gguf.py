@@ -127,6 +127,19 @@ def trained_tool_format(folder: Path) -> str:
     return str(fmt)
 
 
+def trained_prompts(folder: Path) -> str | None:
+    """The prompt set the checkpoint was trained on (`--prompts` of `sandflow train`: a
+    set's name or a folder), from its sandflow_policy.json; None (sandflow's own) for a
+    checkpoint without it. A benchmark of the checkpoint offers it the same prompts and
+    tools (tasks/prompts.py), else it measures a contract it never saw."""
+    try:
+        mark = json.loads((Path(folder) / "sandflow_policy.json").read_text())
+    except (OSError, ValueError):
+        return None
+    prompts = mark.get("prompts") if isinstance(mark, dict) else None
+    return str(prompts) if prompts else None
+
+
 def base_metadata(base: Path) -> dict[str, Any]:
     from gguf import GGUFReader
 

@@ -180,19 +180,14 @@ def check_resume(resume: Path, policy: str) -> None:
         )
 
 
-SMALL_PROMPTS = Path(__file__).with_name("prompts_small")
-
-
 def prompt_dir(prompts: str) -> str | None:
-    """The episodes' prompt folder: None for sandflow's own (tasks/prompt_templates)."""
-    if prompts == "sandflow":
-        return None
-    if prompts == "small":
-        return str(SMALL_PROMPTS)
-    path = Path(prompts).expanduser()
-    if not (path / "general.yaml").is_file():
-        raise TrainInputError(f"the prompt folder {path} has no general.yaml (give 'sandflow', 'small' or a folder)")
-    return str(path)
+    """The episodes' prompt folder (tasks.prompts.resolve_prompts): None for sandflow's own."""
+    from tasks.prompts import resolve_prompts
+
+    try:
+        return resolve_prompts(prompts)
+    except ValueError as exc:
+        raise TrainInputError(str(exc)) from None
 
 
 def check_config(cfg: TrainConfig) -> list[Task]:
@@ -389,6 +384,11 @@ def make_trainer(
         environment_factory=session.factory,
         callbacks=[*(callbacks or [])],
     )
+    # One tool contract: the prompt set's schemas (tasks/tool_schemas.py), rendered and
+    # parsed exactly as `sandflow bench` offers them, not TRL's reading of the methods'
+    # docstrings (the environment's methods still run every call: _AnyTool).
+    trainer._env_tools = {name: session.tools for name in trainer._env_tools}
+    trainer.tools = session.tools
     trainer.sandflow_session = session
     trainer.sandflow_policy_tag = training_run
     trainer.sandflow_steps = rows
@@ -471,7 +471,7 @@ def _step_callback(trainer: Any, session: RolloutSession, cfg: TrainConfig, trai
         def on_save(self, args, state, control, **kw):
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if ckpt.is_dir():
-                _mark(ckpt, cfg.policy, training_run)
+                _mark(ckpt, cfg.policy, training_run, cfg.prompts)
 
     return StepRecorder()
 
@@ -493,9 +493,15 @@ def _row_dict(r: StepRow) -> dict[str, Any]:
 TRAINED_TOOL_FORMAT = QWEN25
 
 
-def _mark(folder: Path, policy: str, training_run: str) -> None:
+def _mark(folder: Path, policy: str, training_run: str, prompts: str) -> None:
+    """The checkpoint's mark: which policy it trains, the run, the tool format and the
+    prompt set it was trained in (what `bench --checkpoint` offers it)."""
+    from tasks.prompts import PROMPT_SETS
+
+    if prompts not in PROMPT_SETS:  # a folder: where it is, from anywhere
+        prompts = str(Path(prompts).expanduser().resolve())
     (folder / POLICY_MARK).write_text(json.dumps({"policy": policy_name(policy), "training_run": training_run,
-                                                  "tool_format": TRAINED_TOOL_FORMAT}))
+                                                  "tool_format": TRAINED_TOOL_FORMAT, "prompts": prompts}))
 
 
 def default_training_run() -> str:
@@ -529,7 +535,7 @@ def train(
         initial = Path(cfg.output_dir) / "initial"
         model.save_pretrained(str(initial))
         tok.save_pretrained(str(initial))
-        _mark(initial, cfg.policy, training_run)
+        _mark(initial, cfg.policy, training_run, cfg.prompts)
     before = _fingerprint(model)
     session = RolloutSession(
         warehouse=cfg.warehouse,
@@ -551,7 +557,7 @@ def train(
             final_dir = Path(cfg.output_dir) / "final"
             trainer.save_model(str(final_dir))
             tok.save_pretrained(str(final_dir))
-            _mark(final_dir, cfg.policy, training_run)
+            _mark(final_dir, cfg.policy, training_run, cfg.prompts)
     except KeyboardInterrupt:
         stopped = "interrupted"
     finally:

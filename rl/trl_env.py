@@ -132,6 +132,15 @@ class RolloutSession:
 
         return Dataset.from_list(self.dataset_rows(tasks))
 
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tool schemas every rollout is offered: the prompt folder's tool set
+        (tasks/prompts.py), the same a benchmark of the policy offers. The trainer renders
+        these, not the signatures of the methods below (make_trainer)."""
+        from tasks.prompts import load_prompts
+
+        return [dict(t) for t in load_prompts("general", self.prompt_dir).tools]
+
     def take_times(self) -> StepTimes:
         """The environment's time since the last call (one training step's), reset."""
         with self._lock:

@@ -4,7 +4,8 @@ The raw SmolLM2-135M never calls a tool: every rollout scores 0, no group has a 
 spread and GRPO has no gradient. A few supervised steps on short conversations in the
 episode's own format (the same prompts, the same tool schemas rendered by the same chat
 template, observations as the tool layer writes them) teach it to call `execute_bash` and
-`submit(answer=...)`. The examples are made up here (arithmetic and files of their own),
+to submit as the prompt set's tools ask: `submit(answer=...)` with the small prompts, the
+answer file and then `submit` with the paper's. The examples are made up here (arithmetic and files of their own),
 never taken from the training tasks: the warm-up teaches the format, not the answers.
 Only the assistant's tokens are trained.
 """
@@ -18,6 +19,7 @@ from typing import Any
 from datasets_prep.task import Task
 from sandbox.base import ExecResult
 from tasks.loop import load_task_prompts
+from tasks.prompts import load_prompts
 from tasks.tools import format_exec
 
 
@@ -44,14 +46,23 @@ def examples(n: int, prompt_dir: str | None = None, seed: int = 0) -> list[list[
                         problem_statement=f"What number is written in the file {name}?",
                         ground_truth=value, verifier="exact", input_files={name: f"{value}\n"})
             command = f"cat /testbed/documents/{name}"
-        messages: list[dict[str, Any]] = list(load_task_prompts(task, prompt_dir).sandbox_messages(task))
+        prompts = load_task_prompts(task, prompt_dir)
+        messages: list[dict[str, Any]] = list(prompts.sandbox_messages(task))
         observation = format_exec(ExecResult(stdout=value + "\n", exit_code=0), None)
         messages += [
             {"role": "assistant", "content": "", "tool_calls": [_call("execute_bash", command=command)]},
             {"role": "tool", "name": "execute_bash", "content": observation},
-            {"role": "assistant", "content": "", "tool_calls": [_call("submit", answer=value)]},
-            {"role": "tool", "name": "submit", "content": "Submitted."},
         ]
+        if prompts.tool_set == "submit-answer":  # the answer in the call
+            messages.append({"role": "assistant", "content": "", "tool_calls": [_call("submit", answer=value)]})
+        else:  # the paper's contract: the answer file, then submit
+            write = f"echo {value} > {prompts.answer_path}"
+            messages += [
+                {"role": "assistant", "content": "", "tool_calls": [_call("execute_bash", command=write)]},
+                {"role": "tool", "name": "execute_bash", "content": format_exec(ExecResult(exit_code=0), None)},
+                {"role": "assistant", "content": "", "tool_calls": [_call("submit")]},
+            ]
+        messages.append({"role": "tool", "name": "submit", "content": "Submitted."})
         out.append(messages)
     return out
 
@@ -86,12 +97,9 @@ def warm_up(
     """`steps` AdamW steps, one made-up conversation each; returns the losses."""
     import torch
 
-    from rl.trl_env import SandflowTRLEnv
-
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    probe = SandflowTRLEnv.__new__(SandflowTRLEnv)  # its tools' schemas, as TRL renders them
-    tools = [probe.execute_bash, probe.str_replace_editor, probe.submit]
+    tools = load_prompts("general", prompt_dir).tools  # what training renders (rl/train.py)
     convs = examples(steps, prompt_dir, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()

@@ -43,15 +43,18 @@ from typing import Any, Literal
 
 from tasks.records import EpisodeRecord, Observation, TurnRecord
 from tasks.replies import ModelReply
-from tasks.tool_schemas import TOOL_SCHEMAS
+from tasks.tool_schemas import tool_schemas
 
 Part = Literal["assistant", "tool", "appended"]
 
 
-def tools_of(mode: str) -> list[dict[str, Any]]:
-    """The tools an episode of `mode` was offered (OpenAI function schemas): the three in
-    sandbox mode, none in LLM mode."""
-    return [dict(t) for t in TOOL_SCHEMAS] if mode == "sandbox" else []
+def tools_of(mode: str, config: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The tools an episode of `mode` was offered (OpenAI function schemas): the three of
+    its prompt set's tool set in sandbox mode (the record's `config["tools"]`, default the
+    paper's), none in LLM mode."""
+    if mode != "sandbox":
+        return []
+    return [dict(t) for t in tool_schemas((config or {}).get("tools"))]
 
 
 def turn_parts(turn: TurnRecord) -> Iterator[tuple[Part, Any]]:

@@ -36,6 +36,7 @@ from tasks.records import (
     episode_key,
     episode_totals,
 )
+from tasks.tool_schemas import DEFAULT_TOOL_SET
 from tasks.tools import ToolBox, ToolResult
 
 log = logging.getLogger("sandflow.episode")
@@ -140,7 +141,7 @@ def prepare(
         model=model_cfg.model,
         started_at=now(),
         prompt_messages=[dict(m) for m in messages],
-        config=_public_config(model_cfg, limits, sandbox_cfg, mode),
+        config=_public_config(model_cfg, limits, sandbox_cfg, mode, prompts.tool_set),
         worker_host=socket.gethostname(),
         sandbox_engine=(
             _engine_of(getattr(sandbox, "config", None) or sandbox_cfg) if mode == "sandbox" else None
@@ -174,9 +175,11 @@ def _engine_of(sandbox_cfg: SandboxConfig | None) -> str:
 
 
 def _public_config(
-    model_cfg: ModelConfig, limits: Limits, sandbox_cfg: SandboxConfig | None, mode: str
+    model_cfg: ModelConfig, limits: Limits, sandbox_cfg: SandboxConfig | None, mode: str, tool_set: str
 ) -> dict[str, Any]:
     cfg: dict[str, Any] = {"mode": mode, "model": model_cfg.public_dict(), "limits": limits.model_dump()}
+    if mode == "sandbox" and tool_set != DEFAULT_TOOL_SET:  # what `tools_of` reads back
+        cfg["tools"] = tool_set
     if sandbox_cfg is not None and mode == "sandbox":
         sb = sandbox_cfg.model_dump(mode="json")
         sb["env"] = sorted(sb.get("env", {}))  # names only: values may be secrets

@@ -16,8 +16,14 @@ from typing import Any
 import yaml
 
 from datasets_prep.task import Task
+from tasks.tool_schemas import DEFAULT_TOOL_SET, TOOL_SETS, tool_schemas
 
 PROMPT_DIR = Path(__file__).with_name("prompt_templates")
+PROMPT_SETS: dict[str, Path | None] = {
+    "sandflow": None,  # PROMPT_DIR: the paper's prompts and tools
+    "small": Path(__file__).with_name("prompt_sets") / "small",
+}
+"""Prompt sets by name (`--prompts NAME`); anything else given is a folder."""
 REQUIRED = ("system", "instance", "llm_system", "llm_instance", "continue")
 
 
@@ -43,6 +49,17 @@ class PromptSet:
     @property
     def answer_path(self) -> str:
         return f"{self.output_dir.rstrip('/')}/{self.values['answer_file']}"
+
+    @property
+    def tool_set(self) -> str:
+        """The tools this prompt set offers (tasks/tool_schemas.TOOL_SETS): its folder's
+        `tools:` key, default the paper's three."""
+        return str(self.values.get("tools") or DEFAULT_TOOL_SET)
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The schemas of `tool_set`, as a sandbox episode offers them."""
+        return tool_schemas(self.tool_set)
 
     @property
     def llm_answer(self) -> str:
@@ -106,6 +123,20 @@ def inline_documents(files: dict[str, str | bytes]) -> str:
     return "".join(parts)
 
 
+def resolve_prompts(prompts: str | Path | None) -> str | None:
+    """The prompt folder of `--prompts`: a set's name (PROMPT_SETS), or a folder holding a
+    general.yaml; None for sandflow's own. A wrong value: ValueError naming it."""
+    if prompts is None or str(prompts) in PROMPT_SETS:
+        found = PROMPT_SETS.get(str(prompts)) if prompts is not None else None
+        return str(found) if found is not None else None
+    path = Path(prompts).expanduser()
+    if not (path / "general.yaml").is_file():
+        raise ValueError(
+            f"the prompt folder {path} has no general.yaml (give {', '.join(repr(n) for n in PROMPT_SETS)} or a folder)"
+        )
+    return str(path)
+
+
 def _load_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -126,7 +157,18 @@ def load_prompts(domain: str = "general", prompt_dir: str | None = None) -> Prom
     values = _load_yaml(base)
     own = root / f"{domain}.yaml"
     if domain != "general" and own.is_file():
-        values.update(_load_yaml(own))
+        overlay = _load_yaml(own)
+        if "tools" in overlay and overlay["tools"] != values.get("tools"):
+            raise ValueError(
+                f"prompt file {own} sets `tools`: the tool set is the folder's (general.yaml), "
+                "so a training run and its benchmark offer every domain the same tools"
+            )
+        values.update(overlay)
+    if str(values.get("tools") or DEFAULT_TOOL_SET) not in TOOL_SETS:
+        raise ValueError(
+            f"prompt file {base}: tools {values.get('tools')!r} is not a tool set "
+            f"(use one of {', '.join(TOOL_SETS)})"
+        )
     missing = [k for k in REQUIRED if k not in values]
     if missing:
         raise ValueError(f"prompt templates for domain {domain!r} lack {missing} (in {root})")

@@ -22,7 +22,7 @@ from tasks.budgets import TurnBudget
 from tasks.episode import End, Episode, now
 from tasks.model import ModelReply
 from tasks.records import Observation
-from tasks.tools import TOOL_SCHEMAS, ToolBox
+from tasks.tools import ToolBox
 
 PolicyTurn = tuple[datetime, ModelReply]  # when the policy got the observation, its reply
 
@@ -44,7 +44,7 @@ def react(
         else:
             started = now()
             ep.on_event("request", step)  # a cancelled run stops here (on_event raises End)
-            reply = ep.ask(TOOL_SCHEMAS)
+            reply = ep.ask(ep.prompts.tools)
         messages.append(reply.as_message())
         turn = ep.turn_record(step, started, reply)
         ep.on_event("reply", turn)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tasks.records import MAX_TOKEN_COUNT, ToolCall, Usage, bounded_count
-from tasks.tool_schemas import TOOL_SCHEMAS
+from tasks.tool_schemas import TOOL_SETS
 
 log = logging.getLogger(__name__)
 
@@ -313,13 +313,11 @@ _MISTRAL = "[TOOL_CALLS]"
 _PYTHON_TAG = "<|python_tag|>"
 
 # Parameter types of our tools, so XML values (always text) become the right JSON type.
-_PARAM_TYPES: dict[str, dict[str, str]] = {
-    t["function"]["name"]: {
-        k: str(v.get("type", "string"))
-        for k, v in t["function"]["parameters"]["properties"].items()
-    }
-    for t in TOOL_SCHEMAS
-}
+_PARAM_TYPES: dict[str, dict[str, str]] = {}
+for _t in (t for tools in TOOL_SETS.values() for t in tools):
+    _PARAM_TYPES.setdefault(_t["function"]["name"], {}).update(
+        {k: str(v.get("type", "string")) for k, v in _t["function"]["parameters"]["properties"].items()}
+    )
 
 
 def parse_text_tool_calls(

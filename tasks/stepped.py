@@ -36,7 +36,7 @@ from tasks.records import (
     TurnRecord,
     episode_key,
 )
-from tasks.tools import TOOL_SCHEMAS, ToolBox
+from tasks.tools import ToolBox
 
 
 class SteppedEpisode:
@@ -107,6 +107,11 @@ class SteppedEpisode:
     @property
     def turns(self) -> list[TurnRecord]:
         return self._ep.turns
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tool schemas this episode offers (its prompt set's tool set)."""
+        return self._ep.prompts.tools
 
     @property
     def done(self) -> bool:
@@ -208,7 +213,7 @@ class SteppedEpisode:
             raise RuntimeError("SteppedEpisode.generate() needs a started, running episode")
         try:
             self._ep.on_event("request", len(self.turns))
-            return self._ep.ask(TOOL_SCHEMAS)
+            return self._ep.ask(self.tools)
         except End as end:
             self._ep.end(end, self._sandbox)
             return None

@@ -91,5 +91,31 @@ SUBMIT = _fn(
     [],
 )
 
+SUBMIT_ANSWER = _fn(
+    "submit",
+    "Finish the task. Give the final answer as `answer`; without it, the answer file in the "
+    "output directory is read.",
+    {"answer": {"type": "string", "description": "The final answer, e.g. `B` or `42`."}},
+    [],
+)
+
 TOOL_SCHEMAS: list[dict] = [EXECUTE_BASH, STR_REPLACE_EDITOR, SUBMIT]
 TOOL_NAMES = tuple(t["function"]["name"] for t in TOOL_SCHEMAS)
+
+TOOL_SETS: dict[str, list[dict]] = {
+    "sandflow": TOOL_SCHEMAS,
+    "submit-answer": [EXECUTE_BASH, STR_REPLACE_EDITOR, SUBMIT_ANSWER],
+}
+"""The tool contracts a prompt set can offer (its `tools:` key, tasks/prompts.py): the
+paper's (`submit` ends the task; the answer is the answer file), or the same three with
+`submit(answer)`, which small policies use (training and benchmarking a policy offer it
+the same set: docs/train.md). The same tool names and implementations either way."""
+DEFAULT_TOOL_SET = "sandflow"
+
+
+def tool_schemas(tool_set: str | None = None) -> list[dict]:
+    """The schemas of `tool_set` (None: the default), as offered to the model."""
+    name = tool_set or DEFAULT_TOOL_SET
+    if name not in TOOL_SETS:
+        raise ValueError(f"unknown tool set {name!r}: use one of {', '.join(TOOL_SETS)}")
+    return TOOL_SETS[name]

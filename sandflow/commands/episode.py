@@ -19,6 +19,7 @@ import typer
 from sandbox.backends import backend_names
 from sandbox.base import DEFAULT_BACKEND
 from sandflow.commands.network_option import network_option
+from sandflow.commands.prompts_option import prompt_dir_of, prompts_option
 from sandflow.errors import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_USAGE, fail
 from tasks.defaults import (
     DEFAULT_MAX_STEPS,
@@ -173,10 +174,7 @@ def run(
         None, "--warehouse", file_okay=False,
         help="Also record the episode in this warehouse folder (queryable with `sandflow sql`).",
     ),
-    prompt_dir: Path | None = typer.Option(
-        None, "--prompt-dir", exists=True, file_okay=False,
-        help="A folder of prompt YAML files (general.yaml, <domain>.yaml) overriding the packaged ones.",
-    ),
+    prompts: str | None = prompts_option(),
     quiet: bool = typer.Option(False, "--quiet", help="No live view; only the summary line."),
     replay: str | None = typer.Option(
         None, "--replay", rich_help_panel="Replay",
@@ -226,7 +224,7 @@ def run(
         request_timeout=request_timeout, backend=backend, network=network, image=image,
         logprobs=logprobs, extra=_extra_body(extra_body), max_steps=max_steps,
         context_tokens=context_tokens, wall_clock=wall_clock, exec_timeout=exec_timeout,
-        prompt_dir=prompt_dir, domain=domain, warehouse=warehouse, replay=replay,
+        prompt_dir=prompt_dir_of(prompts), domain=domain, warehouse=warehouse, replay=replay,
     )
     from engine.single import new_stamp
 
@@ -289,7 +287,7 @@ def _run_spec(
     max_tokens: int | None, request_timeout: float | None, backend: BackendChoice | None,
     network: str | None, image: str | None, logprobs: bool, extra: dict[str, Any],
     max_steps: int, context_tokens: int | None, wall_clock: float, exec_timeout: float | None,
-    prompt_dir: Path | None, domain: str, warehouse: Path | None, replay: str | None,
+    prompt_dir: str | None, domain: str, warehouse: Path | None, replay: str | None,
 ) -> tuple[Any, Any]:
     """The settings and the episode's RunSpec, every value checked now (exit 2 naming it)."""
     from pydantic import ValidationError
@@ -298,7 +296,7 @@ def _run_spec(
     from tasks.prompts import load_prompts
 
     try:
-        load_prompts(domain, str(prompt_dir) if prompt_dir else None)
+        load_prompts(domain, prompt_dir)
         settings = load_settings(
             model=model, base_url=base_url, temperature=temperature, max_tokens=max_tokens,
             request_timeout_s=request_timeout,
@@ -311,7 +309,7 @@ def _run_spec(
             settings, task_set="adhoc", mode=mode.value, logprobs=logprobs,
             return_token_ids=logprobs, extra_body=extra, max_steps=max_steps,
             context_tokens=context_tokens, wall_clock_s=wall_clock, exec_timeout_s=exec_timeout,
-            prompt_dir=str(prompt_dir) if prompt_dir else None,
+            prompt_dir=prompt_dir,
         ).replace(
             warehouse=str(warehouse or (settings.warehouse if replay else "")) or None,
             sandbox_reuse="fresh",

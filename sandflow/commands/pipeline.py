@@ -26,6 +26,7 @@ from sandflow.commands.durability_option import (
     durability_value,
 )
 from sandflow.commands.network_option import network_option
+from sandflow.commands.prompts_option import prompt_dir_of, prompts_option
 from sandflow.console import short
 from sandflow.errors import (
     EXIT_FAILED,
@@ -148,6 +149,15 @@ def _run_spec(s: Any, **flags: Any) -> Any:
     from sandflow.config import run_spec
 
     return run_spec(s, **flags)
+
+
+def _given(s: Any, **told: Any) -> set[str]:
+    """The names of `told` the user set (a flag, or max_tokens in env or config): what the
+    embedded model's smaller defaults must not override."""
+    given = {k for k, v in told.items() if v is not None}
+    if "SANDFLOW_MAX_TOKENS" in os.environ or "max_tokens" in s.model_fields_set:
+        given.add("max_tokens")
+    return given
 
 
 def _run_settings(
@@ -487,6 +497,7 @@ def bench(
     max_cost: float = _MAX_COST,
     max_run_tokens: int = _MAX_RUN_TOKENS,
     checkpoint: Path = _CHECKPOINT,
+    prompts: str | None = prompts_option(),
     verbose: bool = _VERBOSE,
 ) -> None:
     """The nightly benchmark, now: prepare -> run (both modes) -> score -> usage -> tokens
@@ -513,19 +524,17 @@ def bench(
     if checkpoint is not None:  # the trained policy as the embedded model (docs/train.md)
         from sandflow.commands.train import serve_checkpoint
 
-        serve_checkpoint(checkpoint, s.base_url)
+        prompts = serve_checkpoint(checkpoint, s.base_url, prompts)
     if task_runner not in ("thread", "dask", "ray"):
         _fail(f"--task-runner {task_runner!r}: use thread, dask or ray")
-    told = {"max_steps": max_steps, "concurrency": concurrency, "max_tokens": max_tokens}
-    given = {k for k, v in told.items() if v is not None}
-    if "SANDFLOW_MAX_TOKENS" in os.environ or "max_tokens" in s.model_fields_set:
-        given.add("max_tokens")
+    given = _given(s, max_steps=max_steps, concurrency=concurrency, max_tokens=max_tokens)
     spec = embedded_model_defaults(
         _run_spec(
             s, task_set=source, mode=mode, samples=samples, concurrency=concurrency,
             max_sandboxes=max_sandboxes, max_model_calls=max_model_calls, max_steps=max_steps,
             max_tokens=max_tokens, wall_clock_s=wall_clock_s, run_id=run_id, series=series,
             wait_for_lock=wait, max_cost_usd=max_cost, max_run_tokens=max_run_tokens,
+            prompt_dir=prompt_dir_of(prompts),
         ),
         given,
     )  # fmt: skip
@@ -533,6 +542,7 @@ def bench(
         f"[bold]sandflow bench[/] source=[cyan]{source}[/] mode={mode} samples={samples} "
         f"concurrency={spec.fanout.concurrency} max_steps={spec.limits.max_steps} model=[cyan]{s.model or '(embedded)'}[/] "
         f"endpoint={s.base_url or '(embedded, started now)'} warehouse={s.warehouse}"
+        + (f" prompts={prompts}" if prompts else "")
     )
     _check_run_free(str(s.warehouse), run_id, wait)
     _budget_priced(spec)

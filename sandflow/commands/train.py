@@ -8,6 +8,8 @@ from pathlib import Path
 
 import typer
 
+from sandflow.commands.prompts_option import prompts_option
+
 
 def train(
     tasks: str = typer.Option(
@@ -38,9 +40,7 @@ def train(
     checkpoint_every: int = typer.Option(0, "--checkpoint-every", min=0, help="Save a checkpoint every N steps."),
     resume: Path | None = typer.Option(None, "--resume", help="Go on from this checkpoint folder."),
     warmup: int = typer.Option(0, "--warmup-steps", min=0, help="SFT warm-up steps on tool-call examples first."),
-    prompts: str = typer.Option(
-        "sandflow", "--prompts", help="'sandflow' (the paper's prompts), 'small' (short) or a folder."
-    ),
+    prompts: str = prompts_option("sandflow"),
     backend: str | None = typer.Option(None, "--backend", help="Sandbox backend: docker or bwrap."),
     threads: int = typer.Option(1, "--threads", min=1, help="Torch threads (1 on a shared CPU)."),
     gpu: bool = typer.Option(False, "--gpu", help="Train on the GPU torch finds (default: CPU)."),
@@ -171,15 +171,17 @@ def evaluate_policies(training_run: str, output: Path, source: str, mode: str, w
     return runs["base"], runs["trained"]
 
 
-def serve_checkpoint(checkpoint: Path, base_url: str | None) -> str:
+def serve_checkpoint(checkpoint: Path, base_url: str | None, prompts: str | None) -> str | None:
     """`sandflow bench --checkpoint DIR`: the trained policy converted to GGUF (rl/export_gguf.py)
-    and made the embedded model of this process, under a name of its own; returns the name.
-    Not a checkpoint of the embedded model, or no weights: one sentence, exit 2."""
+    and made the embedded model of this process, under a name of its own. Returns the
+    prompt set to benchmark it on: `prompts` if given, else the one it was trained on (its
+    sandflow_policy.json), so it is offered the tools it learned. Not a checkpoint of the
+    embedded model, or no weights: one sentence, exit 2."""
     import contextlib
     import json
     import time
 
-    from rl.export_gguf import CheckpointError, export_gguf, trained_tool_format
+    from rl.export_gguf import CheckpointError, export_gguf, trained_prompts, trained_tool_format
     from sandflow.errors import EXIT_USAGE, err_console, fail
     from tasks import local_model
 
@@ -201,7 +203,7 @@ def serve_checkpoint(checkpoint: Path, base_url: str | None) -> str:
     err_console().print(f"checkpoint {checkpoint} as {gguf} ({time.monotonic() - t:.1f}s), served as {alias} "
                         f"(tools in the {tool_format} format it was trained in)",
                         soft_wrap=True, highlight=False)
-    return alias
+    return prompts if prompts is not None else trained_prompts(checkpoint)
 
 
 def importlib_missing(module: str) -> bool:

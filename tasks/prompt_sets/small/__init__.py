@@ -1,0 +1,1 @@
+"""The `small` prompt set: short prompts with submit(answer), for small policies."""
