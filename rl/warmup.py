@@ -53,7 +53,7 @@ def examples(n: int, prompt_dir: str | None = None, seed: int = 0) -> list[list[
             {"role": "assistant", "content": "", "tool_calls": [_call("execute_bash", command=command)]},
             {"role": "tool", "name": "execute_bash", "content": observation},
         ]
-        if prompts.tool_set == "submit-answer":  # the answer in the call
+        if prompts.tool_set == "small":  # the answer in the call
             messages.append({"role": "assistant", "content": "", "tool_calls": [_call("submit", answer=value)]})
         else:  # the paper's contract: the answer file, then submit
             write = f"echo {value} > {prompts.answer_path}"

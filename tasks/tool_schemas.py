@@ -102,14 +102,31 @@ SUBMIT_ANSWER = _fn(
 TOOL_SCHEMAS: list[dict] = [EXECUTE_BASH, STR_REPLACE_EDITOR, SUBMIT]
 TOOL_NAMES = tuple(t["function"]["name"] for t in TOOL_SCHEMAS)
 
-TOOL_SETS: dict[str, list[dict]] = {
-    "sandflow": TOOL_SCHEMAS,
-    "submit-answer": [EXECUTE_BASH, STR_REPLACE_EDITOR, SUBMIT_ANSWER],
-}
+# The small set: the same tools and parameters in a third of the tokens, with examples that
+# point at the task's own files (a 135M policy copies a description's example command:
+# with the paper's, trained and benchmarked rollouts ran `cat /testbed/solve.py`).
+SMALL_TOOLS: list[dict] = [
+    _fn("execute_bash", "Run a bash command in the sandbox; returns its output and exit code.",
+        {"command": {"type": "string", "description": "The command, e.g. `ls /testbed/documents`."}},
+        ["command"]),
+    _fn("str_replace_editor", "View, create or edit a file.",
+        {"command": {"type": "string", "enum": list(EDITOR_COMMANDS)},
+         "path": {"type": "string", "description": "Absolute path."},
+         "file_text": {"type": "string", "description": "For create."},
+         "old_str": {"type": "string", "description": "For str_replace: the text to replace."},
+         "new_str": {"type": "string", "description": "For str_replace and insert."},
+         "insert_line": {"type": "integer", "description": "For insert: after this line."},
+         "view_range": {"type": "array", "items": {"type": "integer"}, "description": "For view: [start, end]."}},
+        ["command", "path"]),
+    SUBMIT_ANSWER,
+]
+
+TOOL_SETS: dict[str, list[dict]] = {"sandflow": TOOL_SCHEMAS, "small": SMALL_TOOLS}
 """The tool contracts a prompt set can offer (its `tools:` key, tasks/prompts.py): the
-paper's (`submit` ends the task; the answer is the answer file), or the same three with
-`submit(answer)`, which small policies use (training and benchmarking a policy offer it
-the same set: docs/train.md). The same tool names and implementations either way."""
+paper's (`submit` ends the task; the answer is the answer file), or `small`: the same three
+tools and parameters, described in a third of the tokens, with `submit(answer)`, which
+small policies use (training and benchmarking a policy offer it the same set:
+docs/train.md). The same implementations either way."""
 DEFAULT_TOOL_SET = "sandflow"
 
 

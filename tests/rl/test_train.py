@@ -121,11 +121,11 @@ def test_two_grpo_steps_move_the_weights_and_record_every_rollout_as_trained(
     # the very tools a benchmark of the policy offers it, not its methods' docstrings
     from tasks.tool_schemas import tool_schemas
 
-    assert session.tools == tool_schemas("submit-answer")
+    assert session.tools == tool_schemas("small")
     for batch in trainer.sandflow_batches:
         for r in batch:
             e = eps[r["episode_id"]]
             want = tok.apply_chat_template(json.loads(e["prompt_messages"]) if isinstance(e["prompt_messages"], str)
-                                           else e["prompt_messages"], tools=tool_schemas("submit-answer"),
+                                           else e["prompt_messages"], tools=tool_schemas("small"),
                                            add_generation_prompt=True, tokenize=True, return_dict=False)
             assert r["prompt_ids"] == list(want)

@@ -331,10 +331,10 @@ def test_a_prompt_set_offers_its_own_tools_and_the_records_say_which(
     (req,) = scripted_model.requests
     submit_schema = next(t for t in req["tools"] if t["function"]["name"] == "submit")
     assert submit_schema["function"]["parameters"]["properties"] == {"answer": {"type": "string", "description": "The final answer, e.g. `B` or `42`."}}
-    assert req["tools"] == tool_schemas("submit-answer")
+    assert req["tools"] == tool_schemas("small")
     assert "submit(answer=...)" in req["messages"][1]["content"]
     assert ep.termination == "submitted" and ep.answer == "42" and ep.answer_source == "submit_argument"
-    assert ep.config["tools"] == "submit-answer"
+    assert ep.config["tools"] == "small"
     assert sft_row(ep, rec.turns, 1.0)["tools"] == req["tools"]
 
     # sandflow's own prompts: the paper's submit, and the record stays as it always was

@@ -50,11 +50,11 @@ def test_a_prompt_set_names_its_tools_once_for_every_domain(tmp_path: Path) -> N
     assert load_prompts("math").tool_set == "sandflow" and load_prompts("math").tools == tool_schemas()
     small = resolve_prompts("small")
     assert small == str(PROMPT_SETS["small"]) and resolve_prompts("sandflow") is None
-    assert load_prompts("chem", small).tool_set == "submit-answer"
+    assert load_prompts("chem", small).tool_set == "small"
 
     base = (PROMPT_SETS["small"] / "general.yaml").read_text()
-    (tmp_path / "general.yaml").write_text(base.replace("tools: submit-answer", "tools: answer-please"))
-    with pytest.raises(ValueError, match=r"tools 'answer-please' is not a tool set \(use one of sandflow, submit-answer\)"):
+    (tmp_path / "general.yaml").write_text(base.replace("tools: small", "tools: answer-please"))
+    with pytest.raises(ValueError, match=r"tools 'answer-please' is not a tool set \(use one of sandflow, small\)"):
         load_prompts("general", str(tmp_path))
     (tmp_path / "general.yaml").write_text(base)
     (tmp_path / "math.yaml").write_text("tools: sandflow\n")
