@@ -45,6 +45,9 @@ _VERBOSE = typer.Option(False, "--verbose", "-v", help="Show Prefect's own logs.
 _DOMAIN_HELP = ("The tasks' domain. LLM-in-Sandbox-RL's reward routes instruct_pretrain (the default: "
                 "context-based questions), long_context, math, physics, chem, biomed and instruct_follow; "
                 "a training step on a row of any other domain fails there.")
+_DOMAIN = typer.Option("instruct_pretrain", "--domain", help=_DOMAIN_HELP)
+_LIMIT = typer.Option(None, "--limit", help="At most this many documents.")
+_MAX_STEPS = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1)
 _DEPRECATED_DECONTAMINATE = typer.Option(None, "--decontaminate", hidden=True,
                                          help="Deprecated name of --decontaminate-against.")
 _RETIRED_D = typer.Option(None, "-d", hidden=True, help="Retired: was --decontaminate (read like a domain).")
@@ -253,7 +256,7 @@ def cmd_ingest(
     text_column: str = typer.Option("text", "--text-column", help="The text column of a table corpus."),
     piece_tokens: int = typer.Option(1024, "--piece-tokens", help="Token budget of a piece (estimated at 4 characters a token)."),
     max_doc_bytes: int = typer.Option(None, "--max-doc-bytes", help="Bigger documents are counted as oversized (default: SANDFLOW_MAX_FILE_BYTES)."),
-    limit: int = typer.Option(None, "--limit", help="At most this many documents."),
+    limit: int = _LIMIT,
     build_id: str = _BUILD_ID,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -279,7 +282,7 @@ def cmd_synth(
     template: str = typer.Option(None, "--template", help="A prompt template file (default: datagen/templates/questions.v1.yaml)."),
     temperature: float = typer.Option(DEFAULT_TEMPERATURE, "--temperature"),
     max_tokens: int = typer.Option(SYNTH_MAX_TOKENS, "--max-tokens", min=16),
-    domain: str = typer.Option("instruct_pretrain", "--domain", help=_DOMAIN_HELP),
+    domain: str = _DOMAIN,
     build_id: str = _BUILD_ID,
     verbose: bool = _VERBOSE,
 ) -> None:
@@ -327,7 +330,7 @@ def cmd_calibrate(
     samples: int = _SAMPLES,
     band: str = _BAND,
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Episodes at once."),
-    max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1),
+    max_steps: int = _MAX_STEPS,
     max_tokens: int = typer.Option(None, "--max-tokens", min=16),
     wall_clock_s: float = typer.Option(DEFAULT_WALL_CLOCK_S, "--wall-clock", help="Seconds per episode."),
     build_id: str = _BUILD_ID,
@@ -370,7 +373,7 @@ def cmd_build(
     template: str = typer.Option(None, "--template", help="A prompt template file."),
     text_column: str = typer.Option("text", "--text-column"),
     piece_tokens: int = typer.Option(1024, "--piece-tokens"),
-    limit: int = typer.Option(None, "--limit", help="At most this many documents."),
+    limit: int = _LIMIT,
     decontaminate: list[str] = typer.Option(None, _DECONTAMINATE_FLAG, help=_DECONTAMINATE_HELP),
     decontaminate_old: list[str] = _DEPRECATED_DECONTAMINATE,
     retired_d: list[str] = _RETIRED_D,
@@ -378,9 +381,9 @@ def cmd_build(
     band: str = _BAND,
     calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate", help="Run the base policy (needs the sandbox)."),
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Generator calls and episodes at once."),
-    max_steps: int = typer.Option(DEFAULT_MAX_STEPS, "--max-steps", min=1),
+    max_steps: int = _MAX_STEPS,
     max_tokens: int = typer.Option(SYNTH_MAX_TOKENS, "--max-tokens", min=16),
-    domain: str = typer.Option("instruct_pretrain", "--domain", help=_DOMAIN_HELP),
+    domain: str = _DOMAIN,
     build_id: str = _BUILD_ID,
     prices: str = typer.Option(
         None, "--prices",
