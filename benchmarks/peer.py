@@ -67,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 PEER_IMAGE = "cdx123/llm-in-sandbox:v0.1"  # llm-in-sandbox's DEFAULT_DOCKER_IMAGE
 PEER_TASK = "sandflow_peer"
 DEFAULT_VENV = Path(os.environ.get("SANDFLOW_PEER_VENV", ROOT / "benchmarks" / ".peer-venv"))
+PEER_PACKAGES = ("llm-in-sandbox==0.2.0", "mcp")  # the suite's peer venv too (tests/venvs.py)
 
 
 def loadavg() -> float:
@@ -132,9 +133,9 @@ def ensure_peer(venv: Path) -> Path:
     exe = venv / "bin" / "llm-in-sandbox"
     if exe.exists():
         return exe
-    log(f"installing llm-in-sandbox 0.2.0 + mcp into {venv} (once)")
+    log(f"installing {' + '.join(PEER_PACKAGES)} into {venv} (once)")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "llm-in-sandbox==0.2.0", "mcp"], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *PEER_PACKAGES], check=True)
     return exe
 
 
@@ -147,10 +148,11 @@ def peer_task_dir(venv: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def install_peer_task(venv: Path, tasks: list[dict[str, Any]], workdir: Path) -> None:
-    """Our tasks as a peer benchmark task: its demo task's config, our data.json."""
+def install_peer_task(venv: Path, tasks: list[dict[str, Any]], workdir: Path, task: str = PEER_TASK) -> Path:
+    """Our tasks as a peer benchmark task named `task` (its folder, returned): its demo
+    task's config, our data.json. A venv shared by sessions (the suite's) takes a name per session."""
     bench = peer_task_dir(venv)
-    demo, ours = bench / "demo", bench / PEER_TASK
+    demo, ours = bench / "demo", bench / task
     ours.mkdir(exist_ok=True)
     data = workdir / "peer_data.json"
     data.write_text(json.dumps([dict(t, domain="demo") for t in tasks]))
@@ -160,6 +162,7 @@ def install_peer_task(venv: Path, tasks: list[dict[str, Any]], workdir: Path) ->
         raise RuntimeError("the peer's demo config changed shape; cannot point it at our data.json")
     (ours / "config.yaml").write_text(cfg)
     shutil.copy(demo / "reward.py", ours / "reward.py")
+    return ours
 
 
 def _peer_containers() -> set[str]:

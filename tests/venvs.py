@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.peer import PEER_PACKAGES
+
 REPO = Path(__file__).resolve().parents[1]
 VERIFIERS = "verifiers==0.4.0"
 OPENENV = "openenv-core==0.3.0"
@@ -72,6 +74,8 @@ class Spec:
 
 
 VENVS: dict[str, Spec] = {
+    # the peer whose output `sandflow import llm-in-sandbox` reads, as benchmarks/peer.py installs it
+    "peer": Spec(PEER_PACKAGES, "import llm_in_sandbox.benchmark, mcp", consumer=False, env=lis_rl_env),
     "harbor": Spec((HARBOR, COMPOSE), "import harbor.models.trajectories", consumer=False,
                    base_python=python312, timeout_s=1200),
     "lis-rl": Spec(LIS_RL, "import llm_in_sandbox.benchmark.runner, math_verify, rouge_score",

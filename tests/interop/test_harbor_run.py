@@ -49,7 +49,8 @@ class HarborJob:
 
 
 def harbor_run(harbor_python: Path, work: Path, suite: Path, agent: list[str], name: str) -> HarborJob:
-    """`harbor run` of `suite` with `agent`, its docker environment on Compose v5."""
+    """`harbor run` of `suite` with `agent`, its docker environment on Compose v5; the
+    three trials at once (`-n 3`: each its own compose project, as a user's parallel job)."""
     plugins = work / "docker-config" / "cli-plugins"
     plugins.mkdir(parents=True, exist_ok=True)
     compose = harbor_python.parent / "docker-compose"
@@ -59,7 +60,7 @@ def harbor_run(harbor_python: Path, work: Path, suite: Path, agent: list[str], n
     env = {**os.environ, "DOCKER_CONFIG": str(plugins.parent), "PYTHONPATH": str(REPO)}
     r = subprocess.run(
         [str(harbor_python.parent / "harbor"), "run", "-p", str(suite), *agent, "-o", str(work / "jobs"),
-         "--job-name", name, "-n", "1", "-y", "-q"],
+         "--job-name", name, "-n", "3", "-y", "-q"],
         capture_output=True, text=True, timeout=1200, env=env, cwd=work,
     )  # fmt: skip
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]

@@ -40,22 +40,31 @@ def peer_solver(body: dict, index: int) -> Reply:
 
 
 def _run_peer(work: Path) -> Path:
+    """The peer from the suite's venv of it (tests/venvs.py "peer", built by the set-up),
+    on a task folder of this session's own (another checkout's session may share the venv)."""
+    import shutil
+
     import docker
 
-    from benchmarks.peer import DEFAULT_VENV, PEER_IMAGE, PEER_TASK, ensure_peer, install_peer_task
+    from benchmarks.peer import PEER_IMAGE, PEER_TASK, install_peer_task
     from sandbox.image import DEFAULT_SPEC
+    from tests.venvs import venv
 
     docker.from_env().images.get(DEFAULT_SPEC.tag).tag(*PEER_IMAGE.split(":"))  # as the benchmark does
-    exe = ensure_peer(DEFAULT_VENV)
+    py = venv("peer")
+    exe, task = py.parent / "llm-in-sandbox", f"{PEER_TASK}_{os.getpid()}"
     rows = [{k: t.model_dump()[k] for k in ("id", "domain", "problem_statement", "ground_truth", "input_files")} for t in tasks()]
-    install_peer_task(DEFAULT_VENV, rows, work)
+    folder = install_peer_task(py.parent.parent, rows, work, task)
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", OPENAI_API_KEY="sk-none")
-    with ScriptedModel(default=peer_solver, models=("scripted",)) as model:
-        for mode in ("llm-in-sandbox", "llm"):
-            cmd = [str(exe), "benchmark", "--task", PEER_TASK, "--llm_name", "openai/scripted", "--llm_base_url", model.url,
-                   "--num_workers", "2", "--max_steps", "6", "--output_dir", str(work / "out"), "--temperature", "0.0", "--mode", mode]  # fmt: skip
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-            assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    try:
+        with ScriptedModel(default=peer_solver, models=("scripted",)) as model:
+            for mode in ("llm-in-sandbox", "llm"):
+                cmd = [str(exe), "benchmark", "--task", task, "--llm_name", "openai/scripted", "--llm_base_url", model.url,
+                       "--num_workers", "2", "--max_steps", "6", "--output_dir", str(work / "out"), "--temperature", "0.0", "--mode", mode]  # fmt: skip
+                r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+                assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return work / "out"
 
 

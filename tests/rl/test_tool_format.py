@@ -49,12 +49,10 @@ def conversation(arguments_as_text: bool) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    """The training's own tokenizer and template (the policy's, read from the GGUF)."""
-    from rl.train import load_policy
-
-    _, tok = load_policy()
-    return tok
+def tokenizer(embedded_policy: tuple[Any, Any]) -> Any:
+    """The training's own tokenizer and template (the policy's, read from the GGUF once a
+    session: tests/rl/conftest.py's embedded_policy)."""
+    return embedded_policy[1]
 
 
 @pytest.fixture(scope="module")

@@ -31,14 +31,17 @@ GREEDY = 12
 
 
 @pytest.fixture(scope="module")
-def policy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The perturbed policy saved as a training run saves it, its tokens and logits."""
+def policy(tmp_path_factory: pytest.TempPathFactory, embedded_policy: tuple[Any, Any]) -> dict[str, Any]:
+    """The perturbed policy saved as a training run saves it, its tokens and logits (a copy
+    of the session's embedded policy, perturbed)."""
+    import copy
+
     import torch
 
-    from rl.train import _mark, load_policy
+    from rl.train import _mark
 
     torch.set_num_threads(1)
-    model, tok = load_policy()
+    model, tok = copy.deepcopy(embedded_policy)
     ids = tok(PROMPT)["input_ids"]
     with torch.no_grad():
         before = model(torch.tensor([ids])).logits[0].numpy()
