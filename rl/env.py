@@ -120,9 +120,8 @@ class SandboxEnv(ClosedOnExit):
     def tools(self) -> list[dict[str, Any]]:
         """The tool schemas to render for the policy: the current episode's prompt set's
         (before the first reset: the prompt folder's), the ones its episodes record."""
-        ep = getattr(self, "episode", None)
-        if ep is not None:
-            return ep.tools
+        if self.episode is not None:
+            return self.episode.tools
         return load_prompts("general", self.prompt_dir).tools
 
     def __init__(

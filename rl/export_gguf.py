@@ -106,17 +106,25 @@ def check_checkpoint(folder: Path, base: Path) -> dict[str, Any]:
     return cfg
 
 
+def policy_mark(folder: Path) -> dict[str, Any]:
+    """The checkpoint's sandflow_policy.json (rl/train.py writes it) as a dict; {} when it
+    is missing, unreadable, not an object or over 64 KiB (a mark is a few fields)."""
+    try:
+        with open(Path(folder) / "sandflow_policy.json", "rb") as f:
+            data = f.read(65537)
+        mark = json.loads(data) if len(data) <= 65536 else {}
+    except (OSError, ValueError):
+        return {}
+    return mark if isinstance(mark, dict) else {}
+
+
 def trained_tool_format(folder: Path) -> str:
     """The tool format the checkpoint was trained in, from its sandflow_policy.json
     (rl/train.py writes it); a checkpoint without one (or without the field) was trained
     in TRL's Qwen2.5 template, what `sandflow train` has always used: "qwen2.5"."""
     from tasks.local_chat import QWEN25, TOOL_FORMATS
 
-    try:
-        mark = json.loads((Path(folder) / "sandflow_policy.json").read_text())
-    except (OSError, ValueError):
-        mark = {}
-    fmt = mark.get("tool_format") if isinstance(mark, dict) else None
+    fmt = policy_mark(folder).get("tool_format")
     if fmt is None:
         return QWEN25
     if fmt not in TOOL_FORMATS:
@@ -132,11 +140,7 @@ def trained_prompts(folder: Path) -> str | None:
     set's name or a folder), from its sandflow_policy.json; None (sandflow's own) for a
     checkpoint without it. A benchmark of the checkpoint offers it the same prompts and
     tools (tasks/prompts.py), else it measures a contract it never saw."""
-    try:
-        mark = json.loads((Path(folder) / "sandflow_policy.json").read_text())
-    except (OSError, ValueError):
-        return None
-    prompts = mark.get("prompts") if isinstance(mark, dict) else None
+    prompts = policy_mark(folder).get("prompts")
     return str(prompts) if prompts else None
 
 

@@ -387,8 +387,9 @@ def make_trainer(
     # One tool contract: the prompt set's schemas (tasks/tool_schemas.py), rendered and
     # parsed exactly as `sandflow bench` offers them, not TRL's reading of the methods'
     # docstrings (the environment's methods still run every call: _AnyTool).
-    trainer._env_tools = {name: session.tools for name in trainer._env_tools}
-    trainer.tools = session.tools
+    tools = session.tools
+    trainer._env_tools = {name: tools for name in trainer._env_tools}
+    trainer.tools = tools
     trainer.sandflow_session = session
     trainer.sandflow_policy_tag = training_run
     trainer.sandflow_steps = rows

@@ -20,6 +20,7 @@ from datasets_prep.task import Task
 from sandbox.base import ExecResult
 from tasks.loop import load_task_prompts
 from tasks.prompts import load_prompts
+from tasks.tool_schemas import submit_takes_answer
 from tasks.tools import format_exec
 
 
@@ -53,7 +54,7 @@ def examples(n: int, prompt_dir: str | None = None, seed: int = 0) -> list[list[
             {"role": "assistant", "content": "", "tool_calls": [_call("execute_bash", command=command)]},
             {"role": "tool", "name": "execute_bash", "content": observation},
         ]
-        if prompts.tool_set == "small":  # the answer in the call
+        if submit_takes_answer(prompts.tools):  # the answer in the call
             messages.append({"role": "assistant", "content": "", "tool_calls": [_call("submit", answer=value)]})
         else:  # the paper's contract: the answer file, then submit
             write = f"echo {value} > {prompts.answer_path}"

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from datasets_prep.task import Task
-from tasks.tool_schemas import DEFAULT_TOOL_SET, TOOL_SETS, tool_schemas
+from tasks.tool_schemas import DEFAULT_TOOL_SET, tool_schemas
 
 PROMPT_DIR = Path(__file__).with_name("prompt_templates")
 PROMPT_SETS: dict[str, Path | None] = {
@@ -126,9 +126,11 @@ def inline_documents(files: dict[str, str | bytes]) -> str:
 def resolve_prompts(prompts: str | Path | None) -> str | None:
     """The prompt folder of `--prompts`: a set's name (PROMPT_SETS), or a folder holding a
     general.yaml; None for sandflow's own. A wrong value: ValueError naming it."""
-    if prompts is None or str(prompts) in PROMPT_SETS:
-        found = PROMPT_SETS.get(str(prompts)) if prompts is not None else None
-        return str(found) if found is not None else None
+    if prompts is None:
+        return None
+    if str(prompts) in PROMPT_SETS:
+        found = PROMPT_SETS[str(prompts)]
+        return None if found is None else str(found)
     path = Path(prompts).expanduser()
     if not (path / "general.yaml").is_file():
         raise ValueError(
@@ -164,11 +166,10 @@ def load_prompts(domain: str = "general", prompt_dir: str | None = None) -> Prom
                 "so a training run and its benchmark offer every domain the same tools"
             )
         values.update(overlay)
-    if str(values.get("tools") or DEFAULT_TOOL_SET) not in TOOL_SETS:
-        raise ValueError(
-            f"prompt file {base}: tools {values.get('tools')!r} is not a tool set "
-            f"(use one of {', '.join(TOOL_SETS)})"
-        )
+    try:
+        tool_schemas(values.get("tools"))
+    except ValueError as exc:
+        raise ValueError(f"prompt file {base}: {exc}") from None
     missing = [k for k in REQUIRED if k not in values]
     if missing:
         raise ValueError(f"prompt templates for domain {domain!r} lack {missing} (in {root})")

@@ -134,5 +134,12 @@ def tool_schemas(tool_set: str | None = None) -> list[dict]:
     """The schemas of `tool_set` (None: the default), as offered to the model."""
     name = tool_set or DEFAULT_TOOL_SET
     if name not in TOOL_SETS:
-        raise ValueError(f"unknown tool set {name!r}: use one of {', '.join(TOOL_SETS)}")
+        raise ValueError(f"tools {name!r} is not a tool set (use one of {', '.join(TOOL_SETS)})")
     return TOOL_SETS[name]
+
+
+def submit_takes_answer(tools: list[dict]) -> bool:
+    """Whether `tools`' submit takes the answer as its `answer` argument (else the
+    answer is the answer file)."""
+    return any(t["function"]["name"] == "submit" and "answer" in t["function"]["parameters"]["properties"]
+               for t in tools)
