@@ -196,9 +196,6 @@ class BwrapSandbox(HelperSandbox):
             why = f"network policy {network!r}: {why}" if why else None
         if why:
             raise SandboxError(why)
-        self.egress: egress.Endpoint | None = None  # network allowlist/open: its proxy
-        self.egress_address = ""  # where this sandbox's requests come from, as squid sees them
-        self._egress_cursor: egress.LogCursor | None = None
         self.tap: bwrap_egress.Tap | None = None
         if network in ("allowlist", "open"):
             self.egress = bwrap_egress.endpoint_for(config.limits)
@@ -520,15 +517,6 @@ class BwrapSandbox(HelperSandbox):
     def _put_tar(self, dest_dir: str, data: bytes) -> None:
         self._helper_put(dest_dir, data)
 
-    def egress_records(self, since: float, until: float | None = None) -> list[egress.EgressRecord]:
-        """This sandbox's requests through the egress proxy that ended in [since, until)
-        (network allowlist/open; [] otherwise), each with the rule behind its decision."""
-        if self.egress is None or not self.egress_address:
-            return []
-        since = max(since, self._created_at)
-        policy = egress.policy_of(self.config.limits)
-        window = egress.Window(self.egress_address, since, until, self._egress_cursor)
-        return egress.read_records(self.egress, policy, window)
 
 
 # What Docker masks in /proc, where this kernel has it: /proc/keys lists the descriptions

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from pydantic import ValidationError
 
-from sandbox import registry
+from sandbox import egress, registry
 from sandbox.archive import (
     REASONS,
     SKIPPED_SAMPLE,
@@ -121,11 +121,38 @@ class HelperSandbox(ABC):
         )
         self.start_s = 0.0
         self._usage_base: ResourceUsage | None = None  # counters when this episode began
+        # network allowlist/open: the proxy, this sandbox's address as the proxy sees it, and
+        # where the next read of its log starts (the backend sets them as it starts)
+        self.egress: egress.Endpoint | None = None
+        self.egress_address = ""
+        self._egress_cursor: egress.LogCursor | None = None
+        # requests that ended before this are an earlier owner of the address
+        self._created_at = time.time()
 
     @property
     def capabilities(self) -> Capabilities:
         """What this sandbox's backend can do (sandbox/backends.py): ask this, not the name."""
         return capabilities(self.backend)
+
+    # ------------------------------------------------------------------ egress
+    def egress_records(self, since: float, until: float | None = None) -> list[egress.EgressRecord]:
+        """This sandbox's requests through the egress proxy that ended in [since, until)
+        (epoch seconds), and on docker the direct connections its firewall refused, each with
+        the rule behind its decision; [] without an egress policy."""
+        if self.egress is None or not self.egress_address:
+            return []
+        since = max(since, self._created_at)
+        policy = egress.policy_of(self.config.limits)
+        window = egress.Window(self.egress_address, since, until, self._egress_cursor)
+        return egress.records_for(self.egress, policy, window)
+
+    def egress_settle(self) -> bool:
+        """Return once the proxy has logged every request that ended before this call, so a
+        read whose `until` is taken after it misses none (a bounded wait: False when the
+        proxy did not show it in time). True at once without an egress policy."""
+        if self.egress is None or not self.egress_address:
+            return True
+        return egress.settle(self.egress)
 
     # ------------------------------------------------------------------ backend hooks
     @property

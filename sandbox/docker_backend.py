@@ -125,11 +125,6 @@ class DockerSandbox(HelperSandbox):
         self._cgroup_for = ""  # the container whose cgroup directories are `_cgroups`
         self._cgroups: dict[str, Path] = {}
         self._holder: netns.Holder | None = None
-        self.egress: egress.Endpoint | None = None  # network allowlist/open: its proxy
-        self.egress_address = ""  # this sandbox's address on the egress network
-        self._egress_cursor: egress.LogCursor | None = None
-        # requests that ended before this are an earlier owner of the address
-        self._created_at = time.time()
         self.labels = make_labels(config, self.backend)
         t0 = time.perf_counter()
         ensure_image(self.client, self.image)
@@ -387,15 +382,6 @@ class DockerSandbox(HelperSandbox):
     def _network_mode(self) -> str:
         return self.egress.network if self.egress is not None else self.config.limits.network
 
-    def egress_records(self, since: float, until: float | None = None) -> list[egress.EgressRecord]:
-        """This sandbox's requests through the egress proxy that ended in [since, until)
-        (epoch seconds)."""
-        if self.egress is None or not self.egress_address:
-            return []
-        since = max(since, self._created_at)  # the engine reuses a removed sandbox's address
-        policy = egress.policy_of(self.config.limits)
-        window = egress.Window(self.egress_address, since, until, self._egress_cursor)
-        return egress.records_for(self.egress, policy, window)
 
     # files go through the helper: it runs as the sandbox user and sees every tmpfs mount
     def _put_tar(self, dest_dir: str, data: bytes) -> None:

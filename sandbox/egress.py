@@ -29,6 +29,7 @@ import fcntl
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -58,6 +59,7 @@ MAX_LOG_BYTES = 64 << 20  # the most of one access log read per call
 MAX_RECORDS = 10_000  # per sandbox and window
 MAX_FIELD = 2048
 START_TIMEOUT_S = 20.0
+SETTLE_TIMEOUT_S = 2.0  # the most one settle() waits for the proxy's log to catch up
 # The sandbox <-> proxy leg never leaves the host (an internal bridge, one hop to the
 # gateway), so it gets loopback-sized packets: at docker's default 1500 every 64 KB squid
 # relays crosses the bridge as ~45 segments with their ACKs and wake-ups, which measured
@@ -584,6 +586,50 @@ def read_records(endpoint: Endpoint, policy: EgressPolicy, window: Window) -> li
     if cursor is not None:
         cursor.pos = pos
     return out
+
+
+def settle(endpoint: Endpoint, timeout: float = SETTLE_TIMEOUT_S) -> bool:
+    """Return once squid has logged every request that ended before this call: a reader
+    that takes its `until` after this misses none of them.
+
+    squid writes a request's line after the client has its reply, so a command that
+    fetched something can end before its line is there (under load, by more than a turn).
+    The barrier is a request of our own, which squid refuses at its first rule (`deny
+    manager`: no name is looked up, nothing leaves the host). squid handles events in
+    order, so once that request's line is in the log, the lines of the requests that ended
+    before it are too. Its client is the host, never a sandbox's address, so no sandbox's
+    records include it. Bounded by `timeout`; False when the log did not show it in time.
+    """
+    path = endpoint.state_dir / "access.log"
+    deadline = time.monotonic() + timeout
+    try:
+        pos = path.stat().st_size
+    except OSError:
+        return False
+    token = f"sandflow-settle-{secrets.token_hex(8)}".encode()
+    request = b"GET http://127.0.0.1/squid-internal-mgr/" + token + b" HTTP/1.0\r\n\r\n"
+    try:
+        with socket.create_connection((endpoint.gateway, endpoint.port), timeout=timeout) as s:
+            s.sendall(request)
+            while s.recv(65536) and time.monotonic() < deadline:
+                pass  # the refusal; its line is written once squid is done with it
+    except OSError as e:
+        log.debug("egress settle: the proxy at %s:%s: %s", endpoint.gateway, endpoint.port, e)
+        return False
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(pos)
+                data = f.read(MAX_LOG_BYTES)
+        except OSError:
+            return False
+        if token in data:
+            return True
+        pos += data.rfind(b"\n") + 1  # the marker may be in the line being written
+        if time.monotonic() >= deadline:
+            log.debug("egress settle: no line for the marker within %.1f s", timeout)
+            return False
+        time.sleep(0.002)
 
 
 def firewall_records(endpoint: Endpoint, window: Window) -> list[EgressRecord]:

@@ -236,14 +236,15 @@ class Episode:
         """Record the sandbox's requests through the egress proxy with the turns from now on
         (each in the turn during which it ended); a no-op for sandboxes without one."""
         if getattr(sandbox, "egress", None) is not None and callable(
-            getattr(sandbox, "egress_records", None)
+            getattr(sandbox, "egress_settle", None)
         ):
             self._egress_box, self._egress_since = sandbox, time.time()
 
     def take_egress(self) -> list[EgressRequest]:
         if self._egress_box is None:
             return []
-        until = time.time()
+        self._egress_box.egress_settle()  # what ended before now is in the log: no request
+        until = time.time()  # is left to the next turn, or lost after the last one
         try:
             found = self._egress_box.egress_records(self._egress_since, until)
         except Exception as exc:  # noqa: BLE001 - the proxy's log is a record, not the episode

@@ -14,6 +14,7 @@ refused by the proxy before it connects, which is what the test checks.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -657,6 +658,65 @@ def test_episode_turns_carry_their_requests_into_the_egress_view(
         (3, "external_resource"),
     ]
     assert traffic[1]["detail"] == f"egress: 1 requests (pypi.test:{index})"
+
+
+def test_settle_waits_for_the_proxys_log_with_a_marker_no_sandbox_sees(
+    open_box: Callable[[str], EgressBox], index: int, endpoint: egress.Endpoint
+) -> None:
+    """The episode settles the proxy before each turn's read: a request of its own that
+    squid refuses at its first rule, whose line follows those of the requests that ended
+    before it. The marker is the host's, never in a sandbox's records."""
+    sb = open_box("settle")
+    t0 = time.time()
+    r = sb.exec(f"curl -s -o /dev/null -w '%{{http_code}}' http://pypi.test:{index}/simple/")
+    assert r.stdout == "200", r.stdout + r.stderr
+    assert sb.egress_settle()
+    records = sb.egress_records(t0, time.time())
+    assert [(x.host, x.status) for x in records] == [("pypi.test", 200)], records
+    log = (endpoint.state_dir / "access.log").read_text(errors="replace").splitlines()
+    marks = [line for line in log if "/squid-internal-mgr/sandflow-settle-" in line]
+    parsed = [egress.parse_line(line, EgressPolicy.build("allowlist", ())) for line in marks]
+    assert parsed and all(x and x.status == 403 and not x.allowed for x in parsed), marks[-3:]
+    assert all(x and x.client != sb.egress_address for x in parsed)
+    assert not any("sandflow-settle" in x.url for x in sb.egress_records(t0))
+
+
+def test_settle_is_bounded_when_the_proxy_does_not_answer(backend: str, index: int) -> None:
+    """A stopped squid (its own policy here, so no other test waits on it) makes settle
+    return False at its bound; the caller reads what is there and goes on."""
+    import signal
+
+    from sandbox.procs import read_pid
+
+    limits = SandboxLimits(network="allowlist", egress_allow=(f"stopped.test:{index}",))
+    ep = start_proxy(backend, limits)
+    master = read_pid(ep.state_dir / "squid.pid")
+    assert master
+    # squid's master and its worker, which does the work
+    squids = [master] + [
+        int(d.name)
+        for d in Path("/proc").iterdir()
+        if d.name.isdigit() and _ppid(d) == master
+    ]
+    try:
+        assert egress.settle(ep, timeout=5.0)  # a live one answers
+        for pid in squids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            assert egress.settle(ep, timeout=0.3) is False
+        finally:
+            for pid in squids:
+                os.kill(pid, signal.SIGCONT)
+        assert egress.settle(ep, timeout=5.0)
+    finally:
+        stop_proxy(backend, ep)
+
+
+def _ppid(proc: Path) -> int | None:
+    try:  # the field after the command's closing parenthesis
+        return int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def test_network_spec_per_run_and_per_task() -> None:
