@@ -308,7 +308,7 @@ def sft_row(episode: EpisodeRecord, turns: Sequence[TurnRecord], reward_score: f
     with the task, episode and reward beside them."""
     return {
         "messages": [sft_message(m) for m in episode_messages(episode, turns)],
-        "tools": tools_of(episode.mode, episode.config),
+        "tools": tools_of(episode.mode, episode.config, episode_id=episode.episode_id),
         "task_id": episode.task_id,
         "episode_id": episode.episode_id,
         "reward": reward_score,

@@ -140,7 +140,7 @@ def trajectory(ep: Episode, run: dict[str, Any], summary: Summary) -> dict[str, 
                 "name": "sandflow",
                 "version": sandflow_version(),
                 "model_name": e.model or None,
-                "tool_definitions": tools_of(e.mode, e.config) or None,
+                "tool_definitions": tools_of(e.mode, e.config, episode_id=e.episode_id) or None,
                 "extra": {"mode": e.mode, "config": e.config},
             }
         ),

@@ -130,7 +130,7 @@ def messages(ep: Episode) -> tuple[list[dict[str, Any]], list[int]]:
 def _tool_infos(e: EpisodeRecord) -> list[dict[str, Any]]:
     """The tools the model was offered, as Inspect's ToolInfo (sandbox mode: the three)."""
     return [{k: f["function"].get(k) for k in ("name", "description", "parameters")}
-            for f in tools_of(e.mode, e.config)]
+            for f in tools_of(e.mode, e.config, episode_id=e.episode_id)]
 
 
 def _at(t0: datetime | None, seconds: float) -> str | None:

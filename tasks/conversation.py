@@ -48,13 +48,21 @@ from tasks.tool_schemas import tool_schemas
 Part = Literal["assistant", "tool", "appended"]
 
 
-def tools_of(mode: str, config: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def tools_of(
+    mode: str, config: Mapping[str, Any] | None = None, *, episode_id: str | None = None
+) -> list[dict[str, Any]]:
     """The tools an episode of `mode` was offered (OpenAI function schemas): the three of
     its prompt set's tool set in sandbox mode (the record's `config["tools"]`, default the
-    paper's), none in LLM mode."""
+    paper's), none in LLM mode. A set this version does not know is a ValueError that
+    names `episode_id`."""
     if mode != "sandbox":
         return []
-    return [dict(t) for t in tool_schemas((config or {}).get("tools"))]
+    try:
+        return [dict(t) for t in tool_schemas((config or {}).get("tools"))]
+    except ValueError as exc:
+        if episode_id is None:
+            raise
+        raise ValueError(f"episode {episode_id}: config.tools: {exc}") from None
 
 
 def turn_parts(turn: TurnRecord) -> Iterator[tuple[Part, Any]]:

@@ -120,6 +120,12 @@ def test_the_tools_list_is_the_modes() -> None:
     assert tools_of("llm") == []
 
 
+def test_a_tool_set_this_version_does_not_know_names_the_episode(episode: Recorded) -> None:
+    record = episode.record.model_copy(update={"config": {**episode.record.config, "tools": "future"}})
+    with pytest.raises(ValueError, match=rf"episode {record.episode_id}: config.tools: tools 'future'"):
+        sft_row(record, episode.turns, 1.0)
+
+
 # ------------------------------------------------------------------ loss mask, tokens
 def test_the_loss_mask_is_one_on_what_the_policy_wrote(episode: Recorded) -> None:
     msgs = episode_messages(episode.record, episode.turns)
