@@ -243,6 +243,11 @@ class NightlySection:
     def image_changed(self) -> bool:
         return any(r.get("image_changed") for r in self.runs if r["run_id"] == self.run_id)
 
+    @property
+    def prompts_changed(self) -> bool:
+        """The run's prompt set (and so its tools) is not its previous run's."""
+        return any(r.get("prompts_changed") for r in self.runs if r["run_id"] == self.run_id)
+
     def regressions(self) -> list[ComparisonRow]:
         return [r for r in self.comparison if r.is_regression]
 
@@ -378,6 +383,7 @@ def to_markdown(sec: NightlySection, html_name: str = "report.html") -> str:
         f"Against `{sec.previous_run_id}` (started {sec.previous.get('started_at')}), "
         f"series {_series_text(sec)}."
         + (" **The sandbox image changed since then.**" if sec.image_changed else "")
+        + (" **The prompt set (and its tools) changed since then.**" if sec.prompts_changed else "")
     )
     lines.append("")
     sig = sec.significant()
@@ -493,6 +499,7 @@ def to_html(sec: NightlySection) -> str:
             f"<p>Against <code>{_e(sec.previous_run_id)}</code> "
             f"(started {_e(sec.previous.get('started_at'))}), series {series}."
             + (" <b>The sandbox image changed since then.</b>" if sec.image_changed else "")
+            + (" <b>The prompt set (and its tools) changed since then.</b>" if sec.prompts_changed else "")
             + "</p>"
         )
         sig = sec.significant()

@@ -464,6 +464,9 @@ def _run_config(spec: RunSpec, live_cfg: Any) -> dict[str, Any]:
         "sandbox_reuse": spec.sandbox.reuse,
         "durability": spec.recording.durability,
         "task_set": spec.task_set,
+        # the prompt set (a name or a folder; None: the built-in one): it picks the tools too,
+        # so a series' report says when it changed (warehouse/series.py, prompts_changed)
+        "prompts": spec.prompt_dir,
         "retries": spec.fanout.retries,
         # the run's budget (engine.budget); a resume may raise it
         "max_cost_usd": spec.budget.max_cost_usd,

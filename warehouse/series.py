@@ -104,6 +104,9 @@ SERIES_VIEWS: dict[str, str] = {
                l.image, l.image_id,
                coalesce(l.image_id, l.image) IS DISTINCT FROM coalesce(p.image_id, p.image)
                    AND l.previous_run_id IS NOT NULL AS image_changed,
+               coalesce(json_extract_string(l.config, '$.prompts'), '')
+                   IS DISTINCT FROM coalesce(json_extract_string(p.config, '$.prompts'), '')
+                   AND l.previous_run_id IS NOT NULL AS prompts_changed,
                ep.mode, ep.episodes, ep.infra_failures, acc.tasks, acc.scored,
                round(acc.p, 4) AS accuracy, round(acc.se, 4) AS accuracy_se,
                round(ep.avg_tokens, 1) AS avg_tokens, round(ep.avg_turns, 2) AS avg_turns,

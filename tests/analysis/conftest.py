@@ -28,6 +28,7 @@ class NightPlan:
     image_id: str | None = "sha256:aaa"
     status: str = "finished"
     extra: dict[str, object] = field(default_factory=dict)
+    config: dict[str, object] | None = None  # the run's config (e.g. its "prompts")
 
     def outcome_list(self) -> list[Outcome]:
         out = []
@@ -60,6 +61,7 @@ def write_night(root: Path, night: NightPlan) -> None:
     write_run(
         layout, night.run_id, model=night.model, image=night.image, image_id=night.image_id,
         dataset="tiny", dataset_hash=night.dataset_hash, series=night.series, started_at=start,
+        config=night.config,
     )  # fmt: skip
     scores = []
     for o in night.outcome_list():

@@ -115,6 +115,15 @@ def test_noise_is_not_called_out() -> None:
     assert "data-change='none'" in nr.to_html(sec)
 
 
+def test_another_prompt_set_since_the_previous_run_is_said_beside_the_comparison() -> None:
+    data = _series({"t03"})
+    assert "prompt set" not in nr.to_markdown(nr.build_section(data))
+    data.runs[1]["prompts_changed"] = True  # run_series' flag (warehouse/series.py)
+    sec = nr.build_section(data)
+    assert "**The prompt set (and its tools) changed since then.**" in nr.to_markdown(sec)
+    assert "<b>The prompt set (and its tools) changed since then.</b>" in nr.to_html(sec)
+
+
 def test_first_run_of_a_series_has_nothing_to_compare() -> None:
     data = _series(set())
     data.previous_run_id = None

@@ -48,7 +48,7 @@ def nights(
     partial.outcomes = {k: v for k, v in partial.outcomes.items() if k[1] in MATH[:4]}
     n3 = _night("n3", 3, rng, samples=2, image_id="sha256:bbb")
     n3.outcomes[("sandbox", "c2", 1)] = INFRA
-    n4 = _night("n4", 4, rng, samples=2, image_id="sha256:bbb")
+    n4 = _night("n4", 4, rng, samples=2, image_id="sha256:bbb", config={"prompts": "small"})
     for t in MATH:  # the planted drop: math in LLM mode solves nothing tonight
         for s in range(2):
             n4.outcomes[("llm", t, s)] = 0.0
@@ -95,7 +95,8 @@ def test_run_series_lineage(nights: tuple[Path, list[NightPlan], list[NightPlan]
     root, series, others = nights
     rows = _rows(
         root,
-        "SELECT DISTINCT run_id, series, series_key, run_number, previous_run_id, image_changed FROM run_series",
+        "SELECT DISTINCT run_id, series, series_key, run_number, previous_run_id, image_changed,"
+        " prompts_changed FROM run_series",
     )
     by = {r["run_id"]: r for r in rows}
     assert len({by[n.run_id]["series_key"] for n in series}) == 1
@@ -107,6 +108,9 @@ def test_run_series_lineage(nights: tuple[Path, list[NightPlan], list[NightPlan]
         "n1": None, "n2": "n1", "n-int": "n2", "n3": "n2", "n4": "n3",
     }  # fmt: skip
     assert by["n3"]["image_changed"] and not by["n4"]["image_changed"]
+    # the prompt set picks the tools: another one is another experiment, and the view says so
+    assert by["n4"]["prompts_changed"] and not by["n3"]["prompts_changed"]
+    assert not any(by[n]["prompts_changed"] for n in ("n1", "n2", "adhoc"))
 
 
 def test_run_series_accuracy_and_se_match_python(

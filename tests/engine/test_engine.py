@@ -4,6 +4,7 @@ warehouse (DuckDB over Parquet), real Docker for the sandbox episodes."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -54,6 +55,8 @@ def test_a_run_is_a_library_call_and_records_every_episode(tmp_path: Path) -> No
     info = Warehouse(wh).run_info(rid)
     assert info is not None and info["status"] == "finished"
     assert info["dataset_hash"] == s["task_set_hash"]
+    config = info["config"] if isinstance(info["config"], dict) else json.loads(info["config"])
+    assert config["prompts"] is None  # the built-in set; a series compares it night to night
     assert (again.summary["skipped"], again.summary["ran"]) == (6, 0)
     assert containers_of(rid) == []
 
