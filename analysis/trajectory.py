@@ -153,9 +153,9 @@ def score_row(
     episode: EpisodeRecord, task: Task, r: Reward, *, write_id: str | None = None
 ) -> dict[str, Any]:
     """The warehouse's score row (warehouse.labels.ScoreRow) of `episode` judged by `r`.
-    `write_id`: the recording attempt judged (RunData.attempts); None when the scorer
-    does not know it (the rollout server, the step-wise env score right after recording:
-    the `scores` view then judges staleness by time)."""
+    `write_id`: the recording attempt judged (RunData.attempts, or Warehouse.write_id_of
+    right after recording: the rollout server, the step-wise env); None when the scorer
+    does not know it (the `scores` view then judges staleness by time)."""
     return {
         "run_id": episode.run_id,
         "episode_id": episode.episode_id,

@@ -578,7 +578,8 @@ class Batch:
         except RewardError as exc:
             return out | {"status": "failed", "error": str(exc)}
         # the warehouse's score row (analysis.trajectory.score_row), written with the batch's
-        self._score_rows[ep_id] = score_row(rec, task, r)
+        wid = self.warehouse.write_id_of(rec.run_id, rec.episode_id) if self.warehouse is not None else None
+        self._score_rows[ep_id] = score_row(rec, task, r, write_id=wid)
         return out | {"reward": r.score, "reward_reason": r.reason, "verifier": r.verifier}
 
     # -- the stream ---------------------------------------------------------------------

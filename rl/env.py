@@ -362,7 +362,9 @@ class SandboxEnv(ClosedOnExit):
         if self.warehouse is not None:  # the reward as a score, like any scored run
             from warehouse.store import Warehouse
 
-            Warehouse(self.warehouse).write_scores([score_row(record, self.task, self.reward)])
+            wh = Warehouse(self.warehouse)
+            wid = wh.write_id_of(record.run_id, record.episode_id)  # the attempt just recorded
+            wh.write_scores([score_row(record, self.task, self.reward, write_id=wid)])
         return self.reward.score
 
     def _write_run(self) -> None:

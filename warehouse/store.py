@@ -94,6 +94,19 @@ class Warehouse:
         runs = {r: read_run(self.layout, r) or {} for r in (run_a, run_b)}
         return unlike_tasks(self.layout, run_a, run_b, runs)
 
+    def write_id_of(self, run_id: str, episode_id: str) -> str | None:
+        """The recording attempt `episode_id`'s row names now (`episode_write_id` of a score
+        made right after it was recorded); None when its own file is not there (not
+        committed, or compacted into the run's file: the `scores` view then judges by time)."""
+        import pyarrow.parquet as pq
+
+        try:
+            ids = pq.read_table(self.layout.episode_file(run_id, episode_id), columns=["write_id"])
+        except (OSError, pa.ArrowException):
+            return None
+        found = ids.column("write_id").to_pylist()
+        return str(found[0]) if len(found) == 1 and found[0] else None
+
     def write_scores(
         self, rows: Iterable[ScoreRow | Mapping[str, Any]], *, scored_at: datetime | None = None
     ) -> Path | None:

@@ -94,6 +94,9 @@ def test_raw_text_and_openai_turns_reward_and_warehouse_tags(tmp_path: Path) -> 
     assert kept is not None and [t.content_hash for t in kept] == [task.content_hash]
     with Warehouse(tmp_path).query(run_id=run_id) as q:
         assert q.rows("SELECT score, verifier FROM scores") == [(1.0, "exact")]
+        assert q.rows(  # the score names the attempt it judged
+            "SELECT s.episode_write_id = e.write_id FROM scores s JOIN episodes e USING (episode_id)"
+        ) == [(True,)]
         assert q.rows(
             "SELECT training_run, training_step, episodes, mean_reward, avg_turns FROM rl_steps"
         ) == [("grpo-7", 12, 1, 1.0, 3.0)]

@@ -157,6 +157,11 @@ def test_batch_streams_exact_trajectories_rewards_and_advantages(
     wh = Warehouse(tmp_path / "wh")
     with wh.query(run_id=run_id) as q:
         assert q.rows("SELECT accuracy FROM accuracy") == [(0.5,)]
+        # each score names the recording attempt it judged, like any scored run's
+        assert q.rows(
+            "SELECT count(*), count(*) FILTER (WHERE s.episode_write_id = e.write_id) "
+            "FROM scores s JOIN episodes e USING (run_id, episode_id)"
+        ) == [(4, 4)]
         assert q.rows(
             "SELECT training_run, training_step, policy_version, episodes, infra_failures, mean_reward,"
             " avg_turns, tool_calls_per_turn, submitted_rate, exact_token_rate FROM rl_steps"
