@@ -83,7 +83,8 @@ class Endpoint(RunEndpoint):
     """The trainer's OpenAI-compatible server (vLLM, SGLang) serving the current policy: a
     run's endpoint part (tasks.spec.Endpoint), with its own key and a longer wait."""
 
-    model_config = ConfigDict(extra="ignore")  # as the request has always read it
+    # an unknown key is a 422 naming it: a misspelt `request_timeout_s` was silently dropped
+    model_config = ConfigDict(extra="forbid")
 
     base_url: str = Field(..., min_length=1, max_length=2000)
     model: str = Field(..., min_length=1, max_length=500)
@@ -103,7 +104,9 @@ class Sampling(RunSampling):
     temperature 1.0 (the policy's own distribution; tasks/defaults.py RL_TEMPERATURE), and
     the logprobs and token ids a trainer needs. `extra` in the request's JSON."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)  # as it has always read it
+    # an unknown key is a 422 naming it (a misspelt `temperature` ran at 1.0); a server's
+    # own sampling parameters (top_k, min_p...) go in `extra`
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     temperature: float = Field(RL_TEMPERATURE, ge=0)
     logprobs: bool = True

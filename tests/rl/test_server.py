@@ -284,6 +284,11 @@ def test_bad_requests_are_clear_errors(server: str) -> None:
                     }
                 )
             )
+        # a misspelt key is refused by name, not run with the default in its place
+        endpoint = {"base_url": "http://127.0.0.1:9/v1", "model": "m"}
+        for part, body in (("sampling", {"temprature": 0.2}), ("endpoint", {**endpoint, "timeout": 5})):
+            with pytest.raises(RolloutServerError, match=rf"422.*{part}.*{next(iter(body.keys() - endpoint.keys()))}"):
+                list(client.stream({"tasks": [math_task().model_dump()], "endpoint": endpoint, part: body}))
 
 
 def test_the_endpoint_key_is_used_and_never_recorded(server: str, tmp_path: Path) -> None:

@@ -146,8 +146,11 @@ def test_the_rollout_requests_endpoint_and_sampling_are_the_runs_parts_with_rl_d
     assert issubclass(RequestEndpoint, Endpoint) and issubclass(RequestSampling, Sampling)
     req = RolloutRequest.model_validate({
         "tasks": [{"id": "t"}], "endpoint": {"base_url": "http://h/v1", "model": "p", "api_key": "k"},
-        "sampling": {"extra": {"top_k": 5}, "top_p": 0.9, "seed_hint": 1},
+        "sampling": {"extra": {"top_k": 5}, "top_p": 0.9},
     })  # fmt: skip
+    with pytest.raises(ValidationError, match="sampling.seed_hint"):  # refused by name, not dropped
+        RolloutRequest.model_validate({"tasks": [{"id": "t"}], "endpoint": {"base_url": "http://h/v1", "model": "p"},
+                                       "sampling": {"seed_hint": 1}})  # fmt: skip
     assert (req.sampling.temperature, req.endpoint.request_timeout_s) == (RL_TEMPERATURE, RL_REQUEST_TIMEOUT_S)
     assert req.sampling.model_dump(by_alias=True) == {
         "temperature": 1.0, "top_p": 0.9, "max_tokens": 2048, "logprobs": True,
